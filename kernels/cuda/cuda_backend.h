@@ -1,0 +1,19 @@
+// The CUDA backend: owns the device, one stream, reusable device and pinned
+// host buffers; runs each op through the family dispatchers.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/dispatch.h"
+
+namespace fusedserve {
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU.
+int CudaDeviceCount();
+
+// config may be empty (every op uses its default config).
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ConfigLookup config);
+
+}  // namespace fusedserve

@@ -1,0 +1,94 @@
+#include "kernels/tensor.h"
+
+#include <cstring>
+
+namespace fusedserve {
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<float> HostTensor::ToFloat() const {
+  const int64_t n = numel();
+  std::vector<float> out(n);
+  const char* p = data.data();
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(out.data(), p, n * 4);
+      break;
+    case DType::kF16:
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = dtype == DType::kF16 ? HalfToFloat(h) : Bf16ToFloat(h);
+      }
+      break;
+    case DType::kI32:
+    case DType::kI64: {
+      const std::vector<int64_t> ints = ToInt64();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(ints[i]);
+      break;
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> HostTensor::ToInt64() const {
+  const int64_t n = numel();
+  std::vector<int64_t> out(n);
+  if (IsFloat(dtype)) {
+    const std::vector<float> floats = ToFloat();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(floats[i]);
+    return out;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == DType::kI64) {
+      std::memcpy(&out[i], data.data() + 8 * i, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, data.data() + 4 * i, 4);
+      out[i] = v;
+    }
+  }
+  return out;
+}
+
+HostTensor HostTensor::FromFloat(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  const size_t n = values.size();
+  t.data.resize(n * DTypeSize(dtype));
+  char* p = t.data.data();
+  for (size_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DType::kF32: std::memcpy(p + 4 * i, &values[i], 4); break;
+      case DType::kF16: { uint16_t h = FloatToHalf(values[i]); std::memcpy(p + 2 * i, &h, 2); break; }
+      case DType::kBF16: { uint16_t h = FloatToBf16(values[i]); std::memcpy(p + 2 * i, &h, 2); break; }
+      case DType::kI32: { int32_t v = static_cast<int32_t>(values[i]); std::memcpy(p + 4 * i, &v, 4); break; }
+      case DType::kI64: { int64_t v = static_cast<int64_t>(values[i]); std::memcpy(p + 8 * i, &v, 8); break; }
+    }
+  }
+  return t;
+}
+
+HostTensor HostTensor::FromInt64(DType dtype, std::vector<int64_t> shape, const std::vector<int64_t>& values) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.data.resize(values.size() * DTypeSize(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kI32) {
+      int32_t v = static_cast<int32_t>(values[i]);
+      std::memcpy(t.data.data() + 4 * i, &v, 4);
+    } else {
+      std::memcpy(t.data.data() + 8 * i, &values[i], 8);
+    }
+  }
+  return t;
+}
+
+}  // namespace fusedserve

@@ -65,7 +65,8 @@ class PinnedBuffer {
 };
 
 absl::Status ToAbsl(const CudaStatus& s) {
-  return s.ok() ? absl::OkStatus() : absl::InternalError(s.message);
+  if (s.ok()) return absl::OkStatus();
+  return s.unsupported ? absl::InvalidArgumentError(s.message) : absl::InternalError(s.message);
 }
 
 class CudaBackend : public Backend {

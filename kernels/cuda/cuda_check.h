@@ -11,9 +11,13 @@ namespace fusedserve {
 
 struct CudaStatus {
   std::string message;  // empty on success
+  // True when the request is valid by the API but this backend cannot run it
+  // (e.g. an unsupported head dim): reported as INVALID_ARGUMENT, not INTERNAL.
+  bool unsupported = false;
   bool ok() const { return message.empty(); }
   static CudaStatus Ok() { return {}; }
-  static CudaStatus Error(std::string m) { return {std::move(m)}; }
+  static CudaStatus Error(std::string m) { return {std::move(m), false}; }
+  static CudaStatus Unsupported(std::string m) { return {std::move(m), true}; }
 };
 
 inline CudaStatus CheckCuda(cudaError_t err, const char* expr, const char* file, int line) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <variant>
@@ -64,6 +65,12 @@ std::vector<int64_t> TuningKey(const OpRequest& request);
 // sequence for attention, lengths = L for decode. Attributes at defaults
 // (linear: activation "none"). Used by tests, benchmarks and the autotuner.
 OpRequest MakeRandomRequest(const std::string& op, DType dtype, const std::vector<int64_t>& key, uint64_t seed);
+
+// Returns the tuned config string for (op, dtype, TuningKey), or "" to use
+// the op's default config. Supplied by the warm-up layer (tuning cache) to
+// the CUDA backend; the CPU backend has nothing to tune.
+using ConfigLookup =
+    std::function<std::string(const std::string& op, DType dtype, const std::vector<int64_t>& key)>;
 
 // Activation epilogue of linear.
 enum class Activation { kNone, kGeluErf, kGeluTanh, kSilu };

@@ -58,7 +58,7 @@ class TuningService {
 
   // Thread-safe config lookup for the CUDA backend: (op, dtype, key) -> config
   // string, "" for the default. Buckets the token dim of key.
-  virtual std::function<std::string(const std::string&, DType, const std::vector<int64_t>&)> lookup() = 0;
+  virtual ConfigLookup lookup() = 0;
 
   // Tunes the envelope entries missing from the cache (CUDA only; within the
   // budget; one progress line per entry through log), persists the cache, then

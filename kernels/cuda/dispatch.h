@@ -31,11 +31,6 @@ struct DeviceTensor {
 };
 using DeviceTensorMap = std::map<std::string, DeviceTensor>;
 
-// Returns the tuned config string for (op, dtype, shape key), or "" to use
-// the op's default config. Supplied by the warm-up layer (tuning cache).
-using ConfigLookup =
-    std::function<std::string(const std::string& op, DType dtype, const std::vector<int64_t>& key)>;
-
 // Device scratch memory valid for the duration of one op (grown on demand,
 // reused across requests).
 class Scratch {
@@ -47,7 +42,7 @@ class Scratch {
 struct DispatchContext {
   cudaStream_t stream = nullptr;
   int sm_count = 0;
-  ConfigLookup config;  // may be empty: defaults
+  ConfigLookup config;  // may be empty: defaults (see kernels/op.h)
   Scratch* scratch = nullptr;
 };
 

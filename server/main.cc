@@ -1,1 +1,248 @@
-int main() { return 0; }
+// fusedserve: the server binary.
+//   fusedserve [serve] --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9090 ...
+//   fusedserve tune ...   fills the tuning cache for the envelope and exits
+// Start-up: pick the backend, start gRPC (health NOT_SERVING) and /metrics,
+// warm up, then report SERVING. SIGTERM/SIGINT: NOT_SERVING, stop accepting,
+// finish in-flight requests within --shutdown_grace_seconds, exit 0.
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/log.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/service.h"
+#include "warmup/warmup.h"
+#ifdef FUSEDSERVE_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+// civetweb (prometheus-cpp's HTTP exposer) starts its threads with 100 KiB
+// stacks; libcublasLt's ~92 KiB of static TLS is carved out of every stack,
+// so those threads fail to start. Enforce a 1 MiB floor for every thread.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  constexpr size_t kMinStack = size_t{1} << 20;
+  return real(attr, size < kMinStack ? kMinStack : size);
+}
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address HOST:PORT");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090", "Prometheus /metrics address HOST:PORT; empty disables");
+ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is present, else CPU), cuda or cpu");
+ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal");
+ABSL_FLAG(std::string, tuning_cache, "/var/cache/fusedserve/tuning_cache.json",
+          "Tuning cache file (shared by replicas); empty keeps tuned configs in memory only");
+ABSL_FLAG(std::string, envelope, "", "JSON file listing the (op, dtype, shape) entries to warm up; default: the model's");
+ABSL_FLAG(double, tune_budget_seconds, 600, "Time budget for tuning missing cache entries at start-up");
+ABSL_FLAG(bool, tune_at_startup, true, "Tune envelope entries missing from the cache before SERVING");
+ABSL_FLAG(std::string, model, "", "Hugging Face checkpoint directory (config.json + *.safetensors)");
+ABSL_FLAG(std::string, model_preset, "tiny", "Built-in model config used when --model is empty");
+ABSL_FLAG(uint64_t, seed, 0, "Seed of the random weights of a built-in model");
+ABSL_FLAG(double, shutdown_grace_seconds, 30, "On SIGTERM, time given to in-flight requests before cancelling");
+ABSL_FLAG(int, max_message_bytes, 512 << 20, "Largest gRPC message accepted or sent, bytes");
+ABSL_FLAG(int64_t, max_tensor_elements, int64_t{1} << 28, "Largest tensor accepted, elements");
+ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
+ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
+
+namespace fusedserve {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, ConfigLookup lookup) {
+  if (device != "auto" && device != "cuda" && device != "cpu") {
+    return absl::InvalidArgumentError("--device must be auto, cuda or cpu (got '" + device + "')");
+  }
+#ifdef FUSEDSERVE_HAVE_CUDA
+  if (device == "cuda" || (device == "auto" && CudaDeviceCount() > 0)) {
+    return MakeCudaBackend(absl::GetFlag(FLAGS_cuda_device), std::move(lookup));
+  }
+  if (device == "auto") LogWarning("no CUDA device found; using the CPU reference backend (slow)");
+#else
+  if (device == "cuda") return absl::FailedPreconditionError("this build has no CUDA backend (built without nvcc)");
+  if (device == "auto") LogWarning("built without CUDA; using the CPU reference backend (slow)");
+#endif
+  return MakeCpuBackend();
+}
+
+WarmupOptions WarmupOptionsFromFlags() {
+  WarmupOptions o;
+  o.cache_path = absl::GetFlag(FLAGS_tuning_cache);
+  o.envelope_path = absl::GetFlag(FLAGS_envelope);
+  o.tune_budget_seconds = absl::GetFlag(FLAGS_tune_budget_seconds);
+  o.tune_missing = absl::GetFlag(FLAGS_tune_at_startup);
+  return o;
+}
+
+v1::GetServerInfoResponse MakeServerInfo(const Backend& backend, const WarmupReport& report,
+                                         const std::string& cache_path) {
+  v1::GetServerInfoResponse info;
+  info.set_version(FUSEDSERVE_VERSION);
+  info.set_device(backend.name());
+  info.set_device_name(backend.device_name());
+  for (const OpSpec& spec : AllOpSpecs()) {
+    v1::OpInfo* op = info.add_ops();
+    op->set_name(spec.name);
+    for (const std::string& in : spec.inputs) op->add_inputs(in);
+    for (const std::string& out : spec.outputs) op->add_outputs(out);
+    for (v1::DType d : {v1::F32, v1::F16, v1::BF16}) op->add_dtypes(d);
+  }
+  v1::TuningCacheInfo* cache = info.mutable_tuning_cache();
+  cache->set_path(cache_path);
+  cache->set_state(report.cache_state);
+  cache->set_entries(report.entries);
+  cache->set_hits(report.hits);
+  cache->set_misses(report.misses);
+  return info;
+}
+
+void ExportWarmupReport(const WarmupReport& report, Metrics& metrics) {
+  metrics.warmup_seconds().Set(report.seconds);
+  metrics.tuning_cache_hits().Increment(static_cast<double>(report.hits));
+  metrics.tuning_cache_misses().Increment(static_cast<double>(report.misses));
+  metrics.tuning_benchmarks().Increment(static_cast<double>(report.benchmarks));
+  for (const auto& [reason, count] : report.rejected) {
+    metrics.tuning_cache_rejected(reason).Increment(static_cast<double>(count));
+  }
+}
+
+int Run(const std::string& mode) {
+  absl::StatusOr<std::unique_ptr<TuningService>> tuning = TuningService::Create(WarmupOptionsFromFlags());
+  if (!tuning.ok()) {
+    LogError("tuning cache: " + std::string(tuning.status().message()));
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(absl::GetFlag(FLAGS_device), (*tuning)->lookup());
+  if (!backend.ok()) {
+    LogError(std::string(backend.status().message()));
+    return 1;
+  }
+  LogInfo("backend: " + (*backend)->name() + " (" + (*backend)->device_name() + ")");
+  auto log = [](const std::string& line) { LogInfo(line); };
+
+  if (mode == "tune") {
+    if (absl::Status s = (*tuning)->Warmup(backend->get(), log); !s.ok()) {
+      LogError("tuning failed: " + std::string(s.message()));
+      return 1;
+    }
+    const WarmupReport r = (*tuning)->report();
+    LogInfo(absl::StrCat("tuning cache ", r.cache_state, ": ", r.entries, " entries, ", r.misses, " tuned, ",
+                         r.benchmarks, " configs timed in ", r.seconds, " s"));
+    return 0;
+  }
+
+  Metrics metrics;
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    if (absl::Status s = metrics.Serve(metrics_listen); !s.ok()) {
+      LogError(std::string(s.message()));
+      return 1;
+    }
+    LogInfo("metrics on http://" + metrics_listen + "/metrics");
+  }
+
+  DirectSchedulerOptions sched;
+  sched.threads = absl::GetFlag(FLAGS_worker_threads);
+  if (sched.threads <= 0) {
+    sched.threads = (*backend)->name() == "cuda" ? 2 : static_cast<int>(std::thread::hardware_concurrency());
+  }
+  sched.max_queue = absl::GetFlag(FLAGS_max_queue);
+  std::unique_ptr<OpScheduler> scheduler = MakeDirectScheduler(backend->get(), &metrics, sched);
+
+  ServiceOptions service_options;
+  service_options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
+  FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  int bound_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    LogError("cannot listen on " + listen);
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  LogInfo(absl::StrCat("listening on ", listen, " (port ", bound_port, "); warming up"));
+
+  // Signals are blocked in every thread (see main); this one waits for them.
+  std::thread signal_thread([&] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int sig = 0;
+    sigwait(&set, &sig);
+    const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+    LogInfo(absl::StrCat("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT", "; draining (grace ", grace, " s)"));
+    health->SetServingStatus(false);
+    metrics.ready().Set(0);
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::microseconds(static_cast<int64_t>(grace * 1e6)));
+  });
+
+  if (absl::Status s = (*tuning)->Warmup(backend->get(), log); !s.ok()) {
+    LogError("warm-up failed: " + std::string(s.message()));
+    // Without a warm backend the server must not report SERVING; stop.
+    kill(getpid(), SIGTERM);
+  } else {
+    const WarmupReport report = (*tuning)->report();
+    ExportWarmupReport(report, metrics);
+    service.set_server_info(MakeServerInfo(**backend, report, absl::GetFlag(FLAGS_tuning_cache)));
+    service.set_ready(true);
+    health->SetServingStatus(true);
+    metrics.ready().Set(1);
+    LogInfo(absl::StrCat("SERVING (warm-up ", report.seconds, " s)"));
+  }
+
+  server->Wait();
+  signal_thread.join();
+  scheduler->Shutdown();
+  LogInfo("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace fusedserve
+
+int main(int argc, char** argv) {
+  // Block the shutdown signals before any thread starts so that only the
+  // signal thread receives them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  absl::SetProgramUsageMessage("fusedserve [serve|tune] --flags; see --help");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::string mode = args.size() > 1 ? args[1] : "serve";
+  if (mode != "serve" && mode != "tune") {
+    std::fprintf(stderr, "fusedserve: unknown command '%s' (expected serve or tune)\n", mode.c_str());
+    return 2;
+  }
+  const int code = fusedserve::Run(mode);
+  // Everything is drained by now. Skip static destructors: civetweb's stop
+  // alone waits ~2 s on its poll loop, which only delays pod termination.
+  std::fflush(nullptr);
+  std::_Exit(code);
+}

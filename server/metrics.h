@@ -1,0 +1,80 @@
+// Prometheus metrics of the server (names and labels as in DESIGN.md and
+// docs/metrics.md). One Metrics object per process; every method is
+// thread-safe. The HTTP exposer is optional (tests may run without it).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace fusedserve {
+
+class Metrics {
+ public:
+  Metrics();
+
+  // Starts the /metrics HTTP endpoint on host:port.
+  absl::Status Serve(const std::string& listen);
+
+  // One finished RPC: code is the gRPC status code name, e.g. "OK", "INVALID_ARGUMENT".
+  void RecordRequest(const std::string& rpc, const std::string& op, const std::string& code, double seconds);
+  void RecordQueue(const std::string& op, double seconds);
+  void RecordBatch(const std::string& op, int requests);
+  void RecordKernel(const std::string& op, double seconds);
+  prometheus::Gauge& QueueDepth(const std::string& op);
+
+  prometheus::Registry& registry() { return *registry_; }
+  prometheus::Gauge& ready() { return *ready_; }
+  prometheus::Gauge& warmup_seconds() { return *warmup_seconds_; }
+  prometheus::Counter& tuning_cache_hits() { return *tuning_hits_; }
+  prometheus::Counter& tuning_cache_misses() { return *tuning_misses_; }
+  prometheus::Counter& tuning_benchmarks() { return *tuning_benchmarks_; }
+  prometheus::Counter& tuning_cache_rejected(const std::string& reason) {
+    return tuning_rejected_->Add({{"reason", reason}});
+  }
+  prometheus::Gauge& gpu_memory_used_bytes() { return *gpu_memory_; }
+
+  // Generation metrics.
+  prometheus::Histogram& time_to_first_token() { return *ttft_; }
+  prometheus::Histogram& time_per_output_token() { return *tpot_; }
+  prometheus::Counter& prompt_tokens() { return *prompt_tokens_; }
+  prometheus::Counter& generated_tokens() { return *generated_tokens_; }
+  prometheus::Gauge& requests_running() { return *running_; }
+  prometheus::Gauge& requests_waiting() { return *waiting_; }
+  prometheus::Gauge& kv_cache_blocks_used() { return *kv_used_; }
+  prometheus::Gauge& kv_cache_blocks_total() { return *kv_total_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Histogram>* request_duration_;
+  prometheus::Family<prometheus::Histogram>* queue_duration_;
+  prometheus::Family<prometheus::Histogram>* batch_size_;
+  prometheus::Family<prometheus::Gauge>* queue_depth_;
+  prometheus::Family<prometheus::Histogram>* kernel_duration_;
+  prometheus::Family<prometheus::Counter>* tuning_rejected_;
+  prometheus::Gauge* ready_;
+  prometheus::Gauge* warmup_seconds_;
+  prometheus::Counter* tuning_hits_;
+  prometheus::Counter* tuning_misses_;
+  prometheus::Counter* tuning_benchmarks_;
+  prometheus::Gauge* gpu_memory_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* tpot_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generated_tokens_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Gauge* kv_used_;
+  prometheus::Gauge* kv_total_;
+};
+
+}  // namespace fusedserve

@@ -1,0 +1,49 @@
+// OpScheduler: where validated FusedOp requests wait for a backend. The
+// direct scheduler runs each request on its own (a bounded queue in front of
+// worker threads); the dynamic batcher merges compatible requests into one
+// launch. Either way a request past its deadline or cancelled while queued is
+// dropped before launch, and a full queue answers RESOURCE_EXHAUSTED at once.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/backend.h"
+#include "server/metrics.h"
+
+namespace fusedserve {
+
+struct OpTask {
+  OpRequest request;
+  absl::Time enqueued;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // may be empty
+  // Called exactly once, from a worker thread, if Submit succeeded.
+  std::function<void(absl::StatusOr<TensorMap>)> done;
+};
+
+class OpScheduler {
+ public:
+  virtual ~OpScheduler() = default;
+  // Queues the task; RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE
+  // after Shutdown. On error `done` is not called.
+  virtual absl::Status Submit(OpTask task) = 0;
+  // Runs what is queued, then stops the workers.
+  virtual void Shutdown() = 0;
+};
+
+struct DirectSchedulerOptions {
+  int threads = 4;        // concurrent backend calls
+  int max_queue = 1024;   // queued requests before RESOURCE_EXHAUSTED
+};
+
+std::unique_ptr<OpScheduler> MakeDirectScheduler(Backend* backend, Metrics* metrics,
+                                                 const DirectSchedulerOptions& options);
+
+// Shared by schedulers: the status a queued task gets instead of running,
+// or OK when it should run.
+absl::Status CheckRunnable(const OpTask& task, absl::Time now);
+
+}  // namespace fusedserve

@@ -1,0 +1,122 @@
+#include "server/service.h"
+
+#include <chrono>
+
+namespace fusedserve {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  // absl::StatusCode and grpc::StatusCode share their numeric values.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+std::string GrpcCodeName(grpc::StatusCode code) {
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int c = static_cast<int>(code);
+  return c >= 0 && c < 17 ? kNames[c] : "UNKNOWN";
+}
+
+FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics,
+                                     ServiceOptions options)
+    : backend_(backend), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {}
+
+void FusedServeService::set_server_info(v1::GetServerInfoResponse info) {
+  absl::MutexLock lock(&info_mu_);
+  info_ = std::move(info);
+}
+
+void FusedServeService::Finish(grpc::ServerUnaryReactor* reactor, const std::string& rpc, const std::string& op,
+                               absl::Time start, const absl::Status& status) {
+  const grpc::Status g = ToGrpcStatus(status);
+  metrics_->RecordRequest(rpc, op, GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
+  reactor->Finish(g);
+}
+
+grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext* ctx,
+                                                     const v1::FusedOpRequest* request,
+                                                     v1::FusedOpResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time start = absl::Now();
+  // Label only known op names: arbitrary client strings must not create series.
+  const std::string op = FindOpSpec(request->op()) != nullptr ? request->op() : "unknown";
+  if (!ready_.load()) {
+    Finish(reactor, "FusedOp", op, start, absl::UnavailableError("server is warming up; retry shortly"));
+    return reactor;
+  }
+  absl::StatusOr<OpRequest> validated = ValidateFusedOp(*request, options_.limits);
+  if (!validated.ok()) {
+    Finish(reactor, "FusedOp", op, start, validated.status());
+    return reactor;
+  }
+  OpTask task;
+  task.request = *std::move(validated);
+  task.enqueued = start;
+  task.deadline = absl::FromChrono(ctx->deadline());
+  task.cancelled = [ctx] { return ctx->IsCancelled(); };
+  task.done = [this, reactor, response, op, start](absl::StatusOr<TensorMap> result) {
+    if (result.ok()) {
+      for (const auto& [name, t] : *result) TensorToProto(t, &(*response->mutable_outputs())[name]);
+      response->set_backend(backend_->name());
+    }
+    Finish(reactor, "FusedOp", op, start, result.status());
+  };
+  if (absl::Status s = scheduler_->Submit(std::move(task)); !s.ok()) Finish(reactor, "FusedOp", op, start, s);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServerContext* ctx,
+                                                              const v1::TransformerBlockRequest*,
+                                                              v1::TransformerBlockResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Finish(reactor, "TransformerBlock", "", absl::Now(),
+         absl::UnimplementedError("TransformerBlock is not implemented yet in this build"));
+  return reactor;
+}
+
+namespace {
+
+// A server-streaming reactor that ends the stream at once with a status.
+class ImmediateWriteReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  explicit ImmediateWriteReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* FusedServeService::Generate(grpc::CallbackServerContext*,
+                                                                           const v1::GenerateRequest*) {
+  const absl::Status s = absl::UnimplementedError("Generate is not implemented yet in this build");
+  metrics_->RecordRequest("Generate", "", GrpcCodeName(grpc::StatusCode::UNIMPLEMENTED), 0);
+  return new ImmediateWriteReactor(ToGrpcStatus(s));
+}
+
+grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                           const v1::GetServerInfoRequest*,
+                                                           v1::GetServerInfoResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  {
+    absl::MutexLock lock(&info_mu_);
+    *response = info_;
+  }
+  Finish(reactor, "GetServerInfo", "", absl::Now(), absl::OkStatus());
+  return reactor;
+}
+
+}  // namespace fusedserve

@@ -1,0 +1,55 @@
+// The fusedserve.v1.FusedServe gRPC service on the callback API. Validation
+// runs on the gRPC thread (cheap); ops run on the scheduler's workers, which
+// finish the RPC. Errors are absl::Status inside, mapped 1:1 to gRPC codes here.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "fusedserve/v1/fusedserve.grpc.pb.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "server/validation.h"
+
+namespace fusedserve {
+
+grpc::Status ToGrpcStatus(const absl::Status& s);
+// "OK", "INVALID_ARGUMENT", ... (label value of fusedserve_requests_total).
+std::string GrpcCodeName(grpc::StatusCode code);
+
+struct ServiceOptions {
+  ValidationLimits limits;
+};
+
+class FusedServeService final : public v1::FusedServe::CallbackService {
+ public:
+  FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options);
+
+  // Until set, FusedOp answers UNAVAILABLE ("warming up").
+  void set_ready(bool ready) { ready_.store(ready); }
+  void set_server_info(v1::GetServerInfoResponse info);
+
+  grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const v1::FusedOpRequest* request,
+                                    v1::FusedOpResponse* response) override;
+  grpc::ServerUnaryReactor* TransformerBlock(grpc::CallbackServerContext* ctx,
+                                             const v1::TransformerBlockRequest* request,
+                                             v1::TransformerBlockResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                           const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest* request,
+                                          v1::GetServerInfoResponse* response) override;
+
+ private:
+  void Finish(grpc::ServerUnaryReactor* reactor, const std::string& rpc, const std::string& op, absl::Time start,
+              const absl::Status& status);
+
+  Backend* const backend_;
+  OpScheduler* const scheduler_;
+  Metrics* const metrics_;
+  const ServiceOptions options_;
+  std::atomic<bool> ready_{false};
+  absl::Mutex info_mu_;
+  v1::GetServerInfoResponse info_ ABSL_GUARDED_BY(info_mu_);
+};
+
+}  // namespace fusedserve

@@ -1,0 +1,199 @@
+#include "tests/integration/server_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "server/validation.h"
+
+namespace fusedserve::testing {
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+namespace {
+
+// A TCP connection to 127.0.0.1:port, or -1.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool PortOpen(int port) {
+  const int fd = Connect(port);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+}  // namespace
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+v1::FusedOpRequest ToProto(const OpRequest& r) {
+  v1::FusedOpRequest p;
+  p.set_op(r.op);
+  for (const auto& [name, t] : r.inputs) TensorToProto(t, &(*p.mutable_inputs())[name]);
+  for (const auto& [name, v] : r.attrs) {
+    v1::AttrValue& a = (*p.mutable_attrs())[name];
+    if (const double* f = std::get_if<double>(&v)) a.set_f(*f);
+    if (const int64_t* i = std::get_if<int64_t>(&v)) a.set_i(*i);
+    if (const std::string* s = std::get_if<std::string>(&v)) a.set_s(*s);
+    if (const bool* b = std::get_if<bool>(&v)) a.set_b(*b);
+  }
+  return p;
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s) {
+  const char* bin = std::getenv("FUSEDSERVE_BIN");
+  if (bin == nullptr) {
+    ADD_FAILURE() << "FUSEDSERVE_BIN is not set (ctest sets it)";
+    return nullptr;
+  }
+  std::unique_ptr<ServerProcess> p(new ServerProcess);
+  p->port_ = FreePort();
+  p->metrics_port_ = FreePort();
+  char tmpl[] = "/tmp/fusedserve-test-XXXXXX";
+  const int log_fd = mkstemp(tmpl);
+  p->log_path_ = tmpl;
+
+  std::vector<std::string> args = {bin,
+                                   "serve",
+                                   "--device=cpu",
+                                   "--listen=127.0.0.1:" + std::to_string(p->port_),
+                                   "--metrics_listen=127.0.0.1:" + std::to_string(p->metrics_port_),
+                                   "--tuning_cache="};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(log_fd, STDERR_FILENO);
+    dup2(log_fd, STDOUT_FILENO);
+    // The test runner may have signals blocked; the server sets up its own.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin, argv.data());
+    _exit(127);
+  }
+  close(log_fd);
+  p->pid_ = pid;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  // Create the channel only once the port accepts connections: a channel
+  // that saw "connection refused" backs off for seconds before retrying.
+  while (std::chrono::steady_clock::now() < deadline && !PortOpen(p->port_)) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) {
+      p->exited_ = true;
+      ADD_FAILURE() << "fusedserve exited during start-up:\n" << p->Log();
+      return nullptr;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(-1);
+  p->channel_ = grpc::CreateCustomChannel(p->address(), grpc::InsecureChannelCredentials(), channel_args);
+
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (p->Health() == grpc::health::v1::HealthCheckResponse::SERVING) return p;
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      p->exited_ = true;
+      ADD_FAILURE() << "fusedserve exited during start-up:\n" << p->Log();
+      return nullptr;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "fusedserve did not report SERVING within " << timeout_s << " s:\n" << p->Log();
+  return nullptr;
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0 && !exited_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (!log_path_.empty()) unlink(log_path_.c_str());
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus ServerProcess::Health() const {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  if (!stub->Check(&ctx, req, &resp).ok()) return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  return resp.status();
+}
+
+void ServerProcess::Signal(int sig) const { kill(pid_, sig); }
+
+int ServerProcess::WaitExit(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+std::string ServerProcess::Log() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace fusedserve::testing

@@ -1,0 +1,62 @@
+// Test support: runs the real fusedserve binary as a child process on free
+// loopback ports and talks to it over real gRPC and HTTP.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedserve/v1/fusedserve.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/op.h"
+
+namespace fusedserve::testing {
+
+// A free TCP port on 127.0.0.1 (bound then released).
+int FreePort();
+
+// GET http://127.0.0.1:port/path; returns the body ("" on failure).
+std::string HttpGet(int port, const std::string& path);
+
+// Builds the wire request for an OpRequest (tensors and attributes).
+v1::FusedOpRequest ToProto(const OpRequest& request);
+
+class ServerProcess {
+ public:
+  // Starts $FUSEDSERVE_BIN serve --device=cpu on free ports with `flags`
+  // appended and waits until health reports SERVING. Fails the test (returns
+  // nullptr) if it does not within timeout_s.
+  static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags = {},
+                                              double timeout_s = 60);
+  ~ServerProcess();
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  pid_t pid() const { return pid_; }
+
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::unique_ptr<v1::FusedServe::Stub> stub() const { return v1::FusedServe::NewStub(channel_); }
+  // Overall health ("" service); UNKNOWN when the call fails.
+  grpc::health::v1::HealthCheckResponse::ServingStatus Health() const;
+
+  void Signal(int sig) const;
+  // Exit code, or -1 if still running after timeout_s (or killed by a signal).
+  int WaitExit(double timeout_s);
+  // The server's stderr so far.
+  std::string Log() const;
+
+ private:
+  ServerProcess() = default;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  std::string log_path_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+}  // namespace fusedserve::testing

@@ -1,15 +1,233 @@
-// Dispatch of the compute-bound ops (linear, swiglu_mlp, attention) to
-// their CUDA launchers. Placeholder until the kernels land.
+// Dispatch of the compute-bound ops (linear, swiglu_mlp, attention,
+// attention_decode) to their launchers, and their tunable candidates.
+// Shapes come from the device tensors; the host request supplies attributes
+// and the host copies of seq_lens (for the longest sequence). Configs:
+//   linear            "algo=i" (i-th cuBLASLt heuristic algorithm) | "gemv"
+//   swiglu_mlp        "path=gemm" (cuBLASLt, SwiGLU kernel, cuBLASLt) | "path=gemv"
+//   attention         "bm=128" | "bm=64" (query rows per CTA)
+//   attention_decode  "splits=auto" | "splits=N" (KV-length splits)
+// An empty config means the built-in rule for the shape; a config that cannot
+// apply to a shape (GEMV for large M, say) falls back to that rule.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mlp.h"
 
 namespace fusedserve {
+namespace {
 
-CudaStatus RunComputeOp(const OpRequest&, const DeviceTensorMap&, const DeviceTensorMap&, DispatchContext&,
-                            bool* handled) {
+// Up to this many rows the GEMV path is the default: measured on the H100
+// (bench/gpu_compute_bench.cc, linear K=4096 N=14336 and swiglu_mlp) it beats
+// cuBLASLt while the weights dominate the traffic.
+constexpr int64_t kGemvAutoMaxM = 4;
+
+// Value of "name=value" in a config string, or "" when absent.
+std::string ConfigValue(const std::string& config, const std::string& name) {
+  const std::string prefix = name + "=";
+  size_t pos = 0;
+  while (pos < config.size()) {
+    size_t end = config.find(',', pos);
+    if (end == std::string::npos) end = config.size();
+    const std::string item = config.substr(pos, end - pos);
+    if (item.compare(0, prefix.size(), prefix) == 0) return item.substr(prefix.size());
+    pos = end + 1;
+  }
+  return "";
+}
+
+int ParseInt(const std::string& s, int fallback) {
+  if (s.empty()) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  return (end != nullptr && *end == '\0') ? static_cast<int>(v) : fallback;
+}
+
+size_t AlignUp(size_t n) { return (n + 255) / 256 * 256; }
+
+std::string Config(DispatchContext& ctx, const OpRequest& host, DType dtype) {
+  return ctx.config ? ctx.config(host.op, dtype, TuningKey(host)) : std::string();
+}
+
+const DeviceTensor* Find(const DeviceTensorMap& m, const std::string& name) {
+  auto it = m.find(name);
+  return it == m.end() ? nullptr : &it->second;
+}
+
+CudaStatus RunLinear(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
+                     DispatchContext& ctx) {
+  const DeviceTensor& x = in.at("x");
+  const DeviceTensor& w = in.at("weight");
+  const DeviceTensor* bias = Find(in, "bias");
+  GemmArgs g;
+  g.dtype = x.dtype;
+  g.M = x.shape[0];
+  g.K = x.shape[1];
+  g.N = w.shape[0];
+  g.x = x.data;
+  g.w = w.data;
+  g.bias = bias ? bias->data : nullptr;
+  g.y = out.at("y").data;
+  g.act = ParseActivation(host.s("activation"));
+  const std::string config = Config(ctx, host, g.dtype);
+  const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
+  const bool use_gemv = gemv_ok && (config == "gemv" || (config.empty() && g.M <= kGemvAutoMaxM));
+  if (use_gemv) return LaunchGemv(g, ctx.stream);
+  return GemmForward(g, ParseInt(ConfigValue(config, "algo"), 0), ctx.stream);
+}
+
+CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
+                        DispatchContext& ctx) {
+  const DeviceTensor& x = in.at("x");
+  const DeviceTensor& gate_up = in.at("gate_up");
+  const DeviceTensor& down = in.at("down");
+  const DType dt = x.dtype;
+  const int64_t M = x.shape[0], D = x.shape[1], I = down.shape[1];
+  void* y = out.at("y").data;
+  if (M == 0 || D == 0) return CudaStatus::Ok();
+  if (ctx.scratch == nullptr) return CudaStatus::Error("swiglu_mlp: no scratch memory");
+  const std::string path = ConfigValue(Config(ctx, host, dt), "path");
+  const bool gemv_ok = GemvSupported(dt, M, D, x.data, gate_up.data);
+  const bool use_gemv = gemv_ok && (path == "gemv" || (path.empty() && M <= kGemvAutoMaxM));
+  const size_t es = DTypeSize(dt);
+  const size_t h_bytes = AlignUp(static_cast<size_t>(M) * I * es);
+  const size_t gu_bytes = use_gemv ? 0 : AlignUp(static_cast<size_t>(M) * 2 * I * es);
+  void* scratch = nullptr;
+  if (CudaStatus s = ctx.scratch->Get(std::max<size_t>(h_bytes + gu_bytes, 256), &scratch); !s.ok()) return s;
+  void* h = scratch;  // [M,I]
+  if (use_gemv) {
+    if (CudaStatus s = LaunchGemvSwiglu(dt, M, D, I, x.data, gate_up.data, h, ctx.stream); !s.ok()) return s;
+  } else {
+    void* gu = static_cast<char*>(scratch) + h_bytes;  // [M,2I]
+    GemmArgs g1;
+    g1.dtype = dt;
+    g1.M = M;
+    g1.N = 2 * I;
+    g1.K = D;
+    g1.x = x.data;
+    g1.w = gate_up.data;
+    g1.y = gu;
+    if (CudaStatus s = GemmForward(g1, 0, ctx.stream); !s.ok()) return s;
+    if (CudaStatus s = LaunchMlpSiluAndMul(dt, M, I, gu, h, ctx.stream); !s.ok()) return s;
+  }
+  GemmArgs g2;
+  g2.dtype = dt;
+  g2.M = M;
+  g2.N = D;
+  g2.K = I;
+  g2.x = h;
+  g2.w = down.data;
+  g2.y = y;
+  if (use_gemv && GemvSupported(dt, M, I, h, down.data)) return LaunchGemv(g2, ctx.stream);
+  return GemmForward(g2, 0, ctx.stream);
+}
+
+float ScaleOf(const OpRequest& host, int64_t D) {
+  const double s = host.f("scale");
+  return static_cast<float>(s != 0.0 ? s : 1.0 / std::sqrt(static_cast<double>(D)));
+}
+
+CudaStatus RunAttention(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
+                        DispatchContext& ctx) {
+  const DeviceTensor& q = in.at("q");
+  const DeviceTensor& k = in.at("k");
+  AttentionArgs a;
+  a.dtype = q.dtype;
+  a.q = q.data;
+  a.k = k.data;
+  a.v = in.at("v").data;
+  a.o = out.at("o").data;
+  a.seq_lens = static_cast<const int32_t*>(in.at("seq_lens").data);
+  a.T = static_cast<int>(q.shape[0]);
+  a.Hq = static_cast<int>(q.shape[1]);
+  a.D = static_cast<int>(q.shape[2]);
+  a.Hkv = static_cast<int>(k.shape[1]);
+  const std::vector<int64_t> lens = host.in("seq_lens").ToInt64();
+  a.B = static_cast<int>(lens.size());
+  for (int64_t l : lens) a.max_seqlen = std::max<int>(a.max_seqlen, static_cast<int>(l));
+  a.causal = host.b("causal");
+  a.scale = ScaleOf(host, a.D);
+  int block_m = ParseInt(ConfigValue(Config(ctx, host, a.dtype), "bm"), 0);
+  if (block_m != 64 && block_m != 128) {
+    // Short sequences: 64-row CTAs when 128-row ones would not give every SM two.
+    const int64_t ctas128 = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;
+    block_m = ctas128 < 2 * std::max(1, ctx.sm_count) ? 64 : 128;
+  }
+  return LaunchAttentionPrefill(a, block_m, ctx.stream);
+}
+
+CudaStatus RunAttentionDecode(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
+                              DispatchContext& ctx) {
+  const DeviceTensor& q = in.at("q");
+  const DeviceTensor& kc = in.at("k_cache");
+  DecodeArgs a;
+  a.dtype = q.dtype;
+  a.q = q.data;
+  a.k_cache = kc.data;
+  a.v_cache = in.at("v_cache").data;
+  a.o = out.at("o").data;
+  a.lengths = static_cast<const int32_t*>(in.at("lengths").data);
+  a.B = static_cast<int>(q.shape[0]);
+  a.Hq = static_cast<int>(q.shape[1]);
+  a.D = static_cast<int>(q.shape[2]);
+  a.L = static_cast<int>(kc.shape[1]);
+  a.Hkv = static_cast<int>(kc.shape[2]);
+  a.scale = ScaleOf(host, a.D);
+  int splits = ParseInt(ConfigValue(Config(ctx, host, a.dtype), "splits"), 0);
+  if (splits <= 0) splits = DecodeDefaultSplits(a.dtype, a.B, a.L, a.Hq, a.Hkv, a.D, ctx.sm_count);
+  splits = std::max(1, std::min(splits, std::max(1, a.L)));
+  void* ws = nullptr;
+  const size_t ws_bytes = DecodeWorkspaceBytes(a.B, a.Hq, a.D, splits);
+  if (ws_bytes > 0) {
+    if (ctx.scratch == nullptr) return CudaStatus::Error("attention_decode: no scratch memory");
+    if (CudaStatus s = ctx.scratch->Get(ws_bytes, &ws); !s.ok()) return s;
+  }
+  return LaunchAttentionDecode(a, splits, ws, ctx.stream);
+}
+
+}  // namespace
+
+CudaStatus RunComputeOp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
+                        DispatchContext& ctx, bool* handled) {
+  *handled = true;
+  if (host.op == "linear") return RunLinear(host, in, out, ctx);
+  if (host.op == "swiglu_mlp") return RunSwigluMlp(host, in, out, ctx);
+  if (host.op == "attention") return RunAttention(host, in, out, ctx);
+  if (host.op == "attention_decode") return RunAttentionDecode(host, in, out, ctx);
   *handled = false;
   return CudaStatus::Ok();
 }
 
-std::vector<std::string> ComputeCandidates(const std::string&, DType, const std::vector<int64_t>&) { return {}; }
+std::vector<std::string> ComputeCandidates(const std::string& op, DType dtype, const std::vector<int64_t>& key) {
+  const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
+  if (op == "linear" && key.size() == 3) {
+    const int64_t M = key[0], N = key[1], K = key[2];
+    std::vector<std::string> c;
+    const int n = std::max(1, GemmAlgoCount(dtype, M, N, K));
+    for (int i = 0; i < n; ++i) c.push_back("algo=" + std::to_string(i));
+    if (M >= 1 && M <= kGemvMaxM && K % vec == 0) c.push_back("gemv");
+    return c;
+  }
+  if (op == "swiglu_mlp" && key.size() == 3) {
+    std::vector<std::string> c = {"path=gemm"};
+    if (key[0] >= 1 && key[0] <= kGemvMaxM && key[1] % vec == 0) c.push_back("path=gemv");
+    return c;
+  }
+  if (op == "attention") {
+    if (dtype == DType::kF32) return {"bm=128"};  // the fp32 path has no block size
+    return {"bm=128", "bm=64"};
+  }
+  if (op == "attention_decode" && key.size() == 5) {
+    std::vector<std::string> c = {"splits=auto"};
+    const int64_t L = key[1];
+    for (int s = 1; s <= 128 && (s == 1 || L / s >= 128); s *= 2) c.push_back("splits=" + std::to_string(s));
+    return c;
+  }
+  return {};
+}
 
 }  // namespace fusedserve

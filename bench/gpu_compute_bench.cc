@@ -1,0 +1,526 @@
+// Benchmark of the compute-bound CUDA ops against ceilings measured in the
+// same run: device-to-device copy bandwidth (bytes read + written) and a
+// plain cuBLASLt bf16 GEMM (8192^3), plus a plain cuBLASLt call with the same
+// epilogue for every linear case and the sum of the plain GEMMs for
+// swiglu_mlp. Everything bf16, on device 0.
+//
+//   FLOPs: linear 2*M*N*K; swiglu_mlp 2*M*D*2I + 2*M*I*D;
+//          causal attention 2*B*Hq*S^2*D (half of 4*B*Hq*S^2*D).
+//   Bytes: each input read once, each output written once (decode: q, the
+//          K/V rows within the lengths, o; swiglu M=1: the weights alone).
+// Times are medians of per-launch event timings, after warm-up; input sets
+// are rotated until one pass touches >= 256 MB so L2 does not flatter.
+// Usage: gpu_compute_bench [out.json]
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/cuda/dispatch.h"
+#include "kernels/op.h"
+
+namespace fusedserve {
+namespace {
+
+#define BENCH_CHECK(expr)                                                                      \
+  do {                                                                                         \
+    cudaError_t e_ = (expr);                                                                   \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+#define LT_CHECK(expr)                                                                         \
+  do {                                                                                         \
+    cublasStatus_t s_ = (expr);                                                                \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__, cublasGetStatusName(s_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+constexpr size_t kRotateBytes = 256ull << 20;
+constexpr int kIters = 30;
+
+cudaStream_t g_stream;
+
+// One random 64 MB source on the device; buffers are filled from it (random
+// values in [-1, 1), never zeros, which run faster than real data).
+void* g_random = nullptr;
+constexpr size_t kRandomBytes = 64ull << 20;
+
+void InitRandom() {
+  std::vector<uint16_t> h(kRandomBytes / 2);
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (auto& x : h) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float f = static_cast<float>((s >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
+    x = FloatToBf16(f);
+  }
+  BENCH_CHECK(cudaMalloc(&g_random, kRandomBytes));
+  BENCH_CHECK(cudaMemcpy(g_random, h.data(), kRandomBytes, cudaMemcpyHostToDevice));
+}
+
+std::vector<void*> g_allocs;
+void* Alloc(size_t bytes, bool fill = true) {
+  void* p = nullptr;
+  BENCH_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+  g_allocs.push_back(p);
+  if (fill) {
+    // Chunks of half the source, each from a different offset into it.
+    const size_t chunk = kRandomBytes / 2;
+    for (size_t off = 0; off < bytes; off += chunk) {
+      const size_t n = std::min(chunk, bytes - off);
+      const size_t src = (off / chunk * 4096) % chunk;
+      BENCH_CHECK(cudaMemcpy(static_cast<char*>(p) + off, static_cast<char*>(g_random) + src, n,
+                             cudaMemcpyDeviceToDevice));
+    }
+  }
+  return p;
+}
+void FreeAll() {
+  for (void* p : g_allocs) cudaFree(p);
+  g_allocs.clear();
+}
+
+int Copies(size_t set_bytes) {
+  return static_cast<int>(std::clamp<size_t>((kRotateBytes + set_bytes - 1) / std::max<size_t>(set_bytes, 1), 1, 16));
+}
+
+// Median microseconds of fn(i) over kIters launches (i = iteration index, for rotation).
+double TimeUs(const std::function<void(int)>& fn, int iters = kIters) {
+  for (int i = 0; i < 3; ++i) fn(i);
+  BENCH_CHECK(cudaStreamSynchronize(g_stream));
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) BENCH_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CHECK(cudaEventRecord(ev[2 * i], g_stream));
+    fn(i);
+    BENCH_CHECK(cudaEventRecord(ev[2 * i + 1], g_stream));
+  }
+  BENCH_CHECK(cudaStreamSynchronize(g_stream));
+  BENCH_CHECK(cudaGetLastError());
+  std::vector<double> t(iters);
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    t[i] = ms * 1e3;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[iters / 2];
+}
+
+// ---- plain cuBLASLt, written independently of kernels/cuda/gemm.cc ----------
+class PlainLt {
+ public:
+  PlainLt() {
+    LT_CHECK(cublasLtCreate(&handle_));
+    BENCH_CHECK(cudaMalloc(&ws_, kWs));
+  }
+  // y[M,N] = epi(x[M,K] w[N,K]^T (+bias)), bf16, heuristic's first algorithm.
+  void Gemm(int64_t M, int64_t N, int64_t K, const void* x, const void* w, const void* bias, void* y,
+            cublasLtEpilogue_t epi) {
+    cublasLtMatmulDesc_t desc;
+    LT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    if (bias) LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    cublasLtMatrixLayout_t a, b, d;
+    LT_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, M, K));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&d, CUDA_R_16BF, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWs;
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, d, d, pref, 1, &heur, &found));
+    if (found == 0) {
+      std::fprintf(stderr, "plain cuBLASLt: no algorithm\n");
+      std::exit(1);
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_CHECK(cublasLtMatmul(handle_, desc, &alpha, w, a, x, b, &beta, y, d, y, d, &heur.algo, ws_, kWs, g_stream));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(d);
+    cublasLtMatmulDescDestroy(desc);
+  }
+
+ private:
+  static constexpr size_t kWs = 32u << 20;
+  cublasLtHandle_t handle_;
+  void* ws_;
+};
+
+// ---- running our ops ----------------------------------------------------------
+class BenchScratch : public Scratch {
+ public:
+  CudaStatus Get(size_t bytes, void** ptr) override {
+    if (bytes > size_) {
+      if (ptr_) cudaFree(ptr_);
+      BENCH_CHECK(cudaMalloc(&ptr_, bytes));
+      size_ = bytes;
+    }
+    *ptr = ptr_;
+    return CudaStatus::Ok();
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+BenchScratch g_scratch;
+int g_sm_count = 0;
+
+void RunOp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out, const std::string& config) {
+  DispatchContext ctx;
+  ctx.stream = g_stream;
+  ctx.sm_count = g_sm_count;
+  ctx.scratch = &g_scratch;
+  if (!config.empty()) {
+    ctx.config = [config](const std::string&, DType, const std::vector<int64_t>&) { return config; };
+  }
+  bool handled = false;
+  const CudaStatus s = RunComputeOp(host, in, out, ctx, &handled);
+  if (!handled || !s.ok()) {
+    std::fprintf(stderr, "%s [%s] failed: %s\n", host.op.c_str(), config.c_str(), s.message.c_str());
+    std::exit(1);
+  }
+}
+
+HostTensor Shape(std::vector<int64_t> shape) {
+  HostTensor t;
+  t.dtype = DType::kBF16;
+  t.shape = std::move(shape);
+  return t;  // no data: dispatch reads shapes from the device tensors
+}
+DeviceTensor Dev(std::vector<int64_t> shape, void* p, DType dt = DType::kBF16) { return {dt, std::move(shape), p}; }
+
+// ---- results -------------------------------------------------------------------
+nlohmann::json g_rows = nlohmann::json::array();
+struct Row {
+  std::string section, op, shape, impl;
+  double us, rate;
+  std::string unit;
+  double pct;       // % of the matching ceiling
+  std::string vs;   // comparison text
+};
+std::vector<Row> g_table;
+void Add(const Row& r, nlohmann::json extra = nlohmann::json::object()) {
+  g_table.push_back(r);
+  nlohmann::json j = {{"section", r.section}, {"op", r.op}, {"shape", r.shape}, {"impl", r.impl}, {"us", r.us},
+                      {"rate", r.rate}, {"unit", r.unit}, {"pct_of_ceiling", r.pct}, {"vs", r.vs}};
+  for (auto& [k, v] : extra.items()) j[k] = v;
+  g_rows.push_back(j);
+  std::printf("  %-12s %-34s %-30s %10.2f us %9.1f %-7s %5.1f%%  %s\n", r.op.c_str(), r.shape.c_str(),
+              r.impl.c_str(), r.us, r.rate, r.unit.c_str(), r.pct, r.vs.c_str());
+  std::fflush(stdout);
+}
+std::string Fmt(const char* f, double a) {
+  char b[128];
+  std::snprintf(b, sizeof b, f, a);
+  return b;
+}
+
+double g_copy_gbs = 0, g_gemm_tflops = 0;
+
+void Ceilings(PlainLt& lt) {
+  const size_t bytes = 1ull << 30;
+  void* a = Alloc(bytes);
+  void* b = Alloc(bytes, false);
+  const double us = TimeUs([&](int) { BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream)); }, 20);
+  g_copy_gbs = 2.0 * bytes / (us * 1e-6) / 1e9;
+  Add({"ceiling", "copy", "1 GiB D2D", "cudaMemcpyAsync", us, g_copy_gbs, "GB/s", 100.0, "read+write bytes"});
+  FreeAll();
+  const int64_t n = 8192;
+  void* x = Alloc(n * n * 2);
+  void* w = Alloc(n * n * 2);
+  void* y = Alloc(n * n * 2, false);
+  const double gus = TimeUs([&](int) { lt.Gemm(n, n, n, x, w, nullptr, y, CUBLASLT_EPILOGUE_DEFAULT); }, 20);
+  g_gemm_tflops = 2.0 * n * n * n / (gus * 1e-6) / 1e12;
+  Add({"ceiling", "gemm", "bf16 8192^3", "plain cuBLASLt", gus, g_gemm_tflops, "TFLOP/s", 100.0, ""});
+  FreeAll();
+}
+
+void LinearGelu(PlainLt& lt, int64_t M, double peer_us) {
+  const int64_t N = 14336, K = 4096;
+  const size_t set = (M * K + N * K + N + M * N) * 2;
+  const int copies = Copies(set);
+  std::vector<void*> xs, ws, bs, ys;
+  for (int c = 0; c < copies; ++c) {
+    xs.push_back(Alloc(M * K * 2));
+    ws.push_back(Alloc(N * K * 2));
+    bs.push_back(Alloc(N * 2));
+    ys.push_back(Alloc(M * N * 2, false));
+  }
+  OpRequest host;
+  host.op = "linear";
+  host.inputs = {{"x", Shape({M, K})}, {"weight", Shape({N, K})}, {"bias", Shape({N})}};
+  host.attrs = {{"activation", std::string("gelu_tanh")}};
+  auto run = [&](const std::string& cfg) {
+    return TimeUs([&](int i) {
+      const int c = i % copies;
+      RunOp(host, {{"x", Dev({M, K}, xs[c])}, {"weight", Dev({N, K}, ws[c])}, {"bias", Dev({N}, bs[c])}},
+            {{"y", Dev({M, N}, ys[c])}}, cfg);
+    });
+  };
+  const double base = TimeUs([&](int i) {
+    const int c = i % copies;
+    lt.Gemm(M, N, K, xs[c], ws[c], bs[c], ys[c], CUBLASLT_EPILOGUE_GELU_BIAS);
+  });
+  const double ours = run("");
+  double best = ours;
+  std::string best_cfg = "default";
+  for (const std::string& cfg : ComputeCandidates("linear", DType::kBF16, {M, N, K})) {
+    const double t = run(cfg);
+    if (t < best) best = t, best_cfg = cfg;
+  }
+  const double flops = 2.0 * M * N * K, bytes = static_cast<double>(set);
+  const bool bw = M < 256;  // weight-streaming regime: report bandwidth
+  const std::string shape = "M=" + std::to_string(M) + " K=4096 N=14336";
+  auto rate = [&](double us) { return bw ? bytes / (us * 1e-6) / 1e9 : flops / (us * 1e-6) / 1e12; };
+  auto pct = [&](double us) { return 100.0 * rate(us) / (bw ? g_copy_gbs : g_gemm_tflops); };
+  const std::string unit = bw ? "GB/s" : "TFLOP/s";
+  Add({"3", "linear+gelu", shape, "plain cuBLASLt GELU_BIAS", base, rate(base), unit, pct(base),
+       Fmt("peer %.2f us", peer_us)});
+  Add({"3", "linear+gelu", shape, "ours (default)", ours, rate(ours), unit, pct(ours),
+       Fmt("%.3fx plain cuBLASLt", base / ours)},
+      {{"ratio_vs_plain", base / ours}});
+  Add({"3", "linear+gelu", shape, "ours (tuned " + best_cfg + ")", best, rate(best), unit, pct(best),
+       Fmt("%.3fx plain cuBLASLt", base / best)},
+      {{"ratio_vs_plain", base / best}, {"config", best_cfg}});
+  FreeAll();
+}
+
+void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
+  const int64_t D = 4096, I = 14336;
+  const size_t wbytes = (2 * I * D + D * I) * 2;
+  const size_t set = wbytes + (M * D * 2) * 2;
+  const int copies = Copies(set);
+  std::vector<void*> xs, gus, downs, ys;
+  for (int c = 0; c < copies; ++c) {
+    xs.push_back(Alloc(M * D * 2));
+    gus.push_back(Alloc(2 * I * D * 2));
+    downs.push_back(Alloc(D * I * 2));
+    ys.push_back(Alloc(M * D * 2, false));
+  }
+  void* inter = Alloc(M * 2 * I * 2, false);
+  void* h = Alloc(M * I * 2);
+  OpRequest host;
+  host.op = "swiglu_mlp";
+  host.inputs = {{"x", Shape({M, D})}, {"gate_up", Shape({2 * I, D})}, {"down", Shape({D, I})}};
+  auto run = [&](const std::string& cfg) {
+    return TimeUs([&](int i) {
+      const int c = i % copies;
+      RunOp(host, {{"x", Dev({M, D}, xs[c])}, {"gate_up", Dev({2 * I, D}, gus[c])}, {"down", Dev({D, I}, downs[c])}},
+            {{"y", Dev({M, D}, ys[c])}}, cfg);
+    });
+  };
+  // The ceiling for this op: its two plain GEMMs alone, back to back.
+  const double gemms = TimeUs([&](int i) {
+    const int c = i % copies;
+    lt.Gemm(M, 2 * I, D, xs[c], gus[c], nullptr, inter, CUBLASLT_EPILOGUE_DEFAULT);
+    lt.Gemm(M, D, I, h, downs[c], nullptr, ys[c], CUBLASLT_EPILOGUE_DEFAULT);
+  });
+  const double ours = run("");
+  double best = ours;
+  std::string best_cfg = "default";
+  for (const std::string& cfg : ComputeCandidates("swiglu_mlp", DType::kBF16, {M, D, I})) {
+    const double t = run(cfg);
+    if (t < best) best = t, best_cfg = cfg;
+  }
+  const double flops = 2.0 * M * D * 2 * I + 2.0 * M * I * D;
+  const bool bw = M < 256;
+  const std::string shape = "M=" + std::to_string(M) + " D=4096 I=14336";
+  // Bandwidth counts the weights (the metric for M=1) plus x and y.
+  auto rate = [&](double us) {
+    return bw ? static_cast<double>(set) / (us * 1e-6) / 1e9 : flops / (us * 1e-6) / 1e12;
+  };
+  auto pct = [&](double us) { return 100.0 * rate(us) / (bw ? g_copy_gbs : g_gemm_tflops); };
+  const std::string unit = bw ? "GB/s" : "TFLOP/s";
+  Add({"4", "swiglu_mlp", shape, "plain cuBLASLt 2 GEMMs alone", gemms, rate(gemms), unit, pct(gemms),
+       Fmt("peer %.1f us", peer_us)});
+  Add({"4", "swiglu_mlp", shape, "ours (default)", ours, rate(ours), unit, pct(ours),
+       Fmt("%.3fx the GEMMs alone", gemms / ours)},
+      {{"ratio_vs_gemms", gemms / ours}, {"weight_gbs", wbytes / (ours * 1e-6) / 1e9}});
+  Add({"4", "swiglu_mlp", shape, "ours (tuned " + best_cfg + ")", best, rate(best), unit, pct(best),
+       Fmt("%.3fx the GEMMs alone", gemms / best)},
+      {{"ratio_vs_gemms", gemms / best}, {"config", best_cfg}, {"weight_gbs", wbytes / (best * 1e-6) / 1e9}});
+  FreeAll();
+}
+
+void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
+  const int64_t Hq = 32, Hkv = 8, D = 128, T = B * S;
+  const size_t set = (2 * T * Hq * D + 2 * T * Hkv * D) * 2;
+  const int copies = Copies(set);
+  std::vector<void*> qs, ks, vs, os;
+  for (int c = 0; c < copies; ++c) {
+    qs.push_back(Alloc(T * Hq * D * 2));
+    ks.push_back(Alloc(T * Hkv * D * 2));
+    vs.push_back(Alloc(T * Hkv * D * 2));
+    os.push_back(Alloc(T * Hq * D * 2, false));
+  }
+  std::vector<int64_t> lens(B, S);
+  std::vector<int32_t> lens32(B, static_cast<int32_t>(S));
+  void* dlens = Alloc(B * 4, false);
+  BENCH_CHECK(cudaMemcpy(dlens, lens32.data(), B * 4, cudaMemcpyHostToDevice));
+  OpRequest host;
+  host.op = "attention";
+  host.inputs = {{"q", Shape({T, Hq, D})}, {"k", Shape({T, Hkv, D})}, {"v", Shape({T, Hkv, D})},
+                 {"seq_lens", HostTensor::FromInt64(DType::kI64, {B}, lens)}};
+  host.attrs = {{"causal", true}, {"scale", 1.0 / std::sqrt(128.0)}};
+  auto run = [&](const std::string& cfg) {
+    return TimeUs([&](int i) {
+      const int c = i % copies;
+      RunOp(host,
+            {{"q", Dev({T, Hq, D}, qs[c])}, {"k", Dev({T, Hkv, D}, ks[c])}, {"v", Dev({T, Hkv, D}, vs[c])},
+             {"seq_lens", Dev({B}, dlens, DType::kI32)}},
+            {{"o", Dev({T, Hq, D}, os[c])}}, cfg);
+    });
+  };
+  const double flops = 2.0 * B * Hq * S * S * D;
+  const std::string shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " Hq=32 Hkv=8 D=128";
+  auto tf = [&](double us) { return flops / (us * 1e-6) / 1e12; };
+  const double ours = run("");
+  Add({"5", "attn_prefill", shape, "ours (default)", ours, tf(ours), "TFLOP/s", 100.0 * tf(ours) / g_gemm_tflops,
+       Fmt("%.2fx FA2", fa2_us / ours) + Fmt(", %.2fx cuDNN", cudnn_us / ours)},
+      {{"fa2_us", fa2_us}, {"cudnn_us", cudnn_us}});
+  for (const std::string& cfg : ComputeCandidates("attention", DType::kBF16, {T, Hq, Hkv, D})) {
+    const double t = run(cfg);
+    Add({"5", "attn_prefill", shape, "ours (" + cfg + ")", t, tf(t), "TFLOP/s", 100.0 * tf(t) / g_gemm_tflops,
+         Fmt("%.2fx FA2", fa2_us / t) + Fmt(", %.2fx cuDNN", cudnn_us / t)},
+        {{"config", cfg}});
+  }
+  FreeAll();
+}
+
+void Decode(int64_t B, int64_t L, double cudnn_us) {
+  const int64_t Hq = 32, Hkv = 8, D = 128;
+  const size_t kv = static_cast<size_t>(B) * L * Hkv * D * 2;
+  const size_t set = 2 * kv + 2 * B * Hq * D * 2;
+  const int copies = Copies(set);
+  std::vector<void*> qs, ks, vs, os;
+  for (int c = 0; c < copies; ++c) {
+    qs.push_back(Alloc(B * Hq * D * 2));
+    ks.push_back(Alloc(kv));
+    vs.push_back(Alloc(kv));
+    os.push_back(Alloc(B * Hq * D * 2, false));
+  }
+  std::vector<int64_t> lens(B, L);
+  std::vector<int32_t> lens32(B, static_cast<int32_t>(L));
+  void* dlens = Alloc(B * 4, false);
+  BENCH_CHECK(cudaMemcpy(dlens, lens32.data(), B * 4, cudaMemcpyHostToDevice));
+  OpRequest host;
+  host.op = "attention_decode";
+  host.inputs = {{"q", Shape({B, Hq, D})}, {"k_cache", Shape({B, L, Hkv, D})}, {"v_cache", Shape({B, L, Hkv, D})},
+                 {"lengths", HostTensor::FromInt64(DType::kI64, {B}, lens)}};
+  host.attrs = {{"scale", 1.0 / std::sqrt(128.0)}};
+  auto run = [&](const std::string& cfg) {
+    return TimeUs([&](int i) {
+      const int c = i % copies;
+      RunOp(host,
+            {{"q", Dev({B, Hq, D}, qs[c])}, {"k_cache", Dev({B, L, Hkv, D}, ks[c])},
+             {"v_cache", Dev({B, L, Hkv, D}, vs[c])}, {"lengths", Dev({B}, dlens, DType::kI32)}},
+            {{"o", Dev({B, Hq, D}, os[c])}}, cfg);
+    });
+  };
+  const double bytes = static_cast<double>(set);
+  const std::string shape = "B=" + std::to_string(B) + " L=" + std::to_string(L) + " Hq=32 Hkv=8 D=128";
+  auto gbs = [&](double us) { return bytes / (us * 1e-6) / 1e9; };
+  const double ours = run("");
+  Add({"5", "attn_decode", shape, "ours (default)", ours, gbs(ours), "GB/s", 100.0 * gbs(ours) / g_copy_gbs,
+       Fmt("%.2fx cuDNN", cudnn_us / ours)},
+      {{"cudnn_us", cudnn_us}});
+  double best = ours;
+  std::string best_cfg = "default";
+  for (const std::string& cfg : ComputeCandidates("attention_decode", DType::kBF16, {B, L, Hq, Hkv, D})) {
+    const double t = run(cfg);
+    if (t < best) best = t, best_cfg = cfg;
+  }
+  Add({"5", "attn_decode", shape, "ours (tuned " + best_cfg + ")", best, gbs(best), "GB/s",
+       100.0 * gbs(best) / g_copy_gbs, Fmt("%.2fx cuDNN", cudnn_us / best)},
+      {{"config", best_cfg}});
+  FreeAll();
+}
+
+}  // namespace
+}  // namespace fusedserve
+
+int main(int argc, char** argv) {
+  using namespace fusedserve;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  g_sm_count = prop.multiProcessorCount;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  std::printf("device: %s (%d SMs), bf16, median of %d launches\n", prop.name, g_sm_count, kIters);
+  std::printf("  %-12s %-34s %-30s %13s %17s %6s  %s\n", "op", "shape", "impl", "time", "rate", "%ceil", "vs");
+  const std::string only = argc > 2 ? argv[2] : "";
+  InitRandom();
+  PlainLt lt;
+  Ceilings(lt);
+  // Peer times: ../shared/PEERS.md (H100, best implementation per row).
+  if (only.empty() || only == "linear") {
+    LinearGelu(lt, 16, 44.48);
+    LinearGelu(lt, 512, 91.66);
+    LinearGelu(lt, 4096, 677);
+  }
+  if (only.empty() || only == "swiglu") {
+    SwigluMlp(lt, 1, 132);
+    SwigluMlp(lt, 16, 136);
+    SwigluMlp(lt, 256, 169);
+    SwigluMlp(lt, 4096, 1971);
+  }
+  if (only.empty() || only == "prefill") {
+    Prefill(1, 512, 21.80, 15.01);
+    Prefill(1, 2048, 164, 83.73);
+    Prefill(1, 8192, 1727, 938);
+    Prefill(4, 512, 58.80, 33.92);
+    Prefill(4, 2048, 475, 273);
+    Prefill(4, 8192, 6454, 3492);
+  }
+  if (only.empty() || only == "decode") {
+    Decode(1, 1024, 7.89);
+    Decode(1, 4096, 12.96);
+    Decode(1, 16384, 31.35);
+    Decode(16, 1024, 27.53);
+    Decode(16, 4096, 94.13);
+    Decode(16, 16384, 352);
+    Decode(64, 1024, 109);
+    Decode(64, 4096, 357);
+    Decode(64, 16384, 1388);
+  }
+  nlohmann::json doc = {{"device", prop.name}, {"sm_count", g_sm_count}, {"copy_gbs", g_copy_gbs},
+                        {"gemm_tflops", g_gemm_tflops}, {"rows", g_rows}};
+  if (argc > 1) {
+    std::ofstream(argv[1]) << doc.dump(2) << "\n";
+  }
+  // The table again, as markdown, last (the tail of the output is what survives).
+  std::printf("\n| op | shape | impl | us | rate | %% of ceiling | vs |\n|---|---|---|---|---|---|---|\n");
+  for (const Row& r : g_table) {
+    std::printf("| %s | %s | %s | %.2f | %.1f %s | %.1f | %s |\n", r.op.c_str(), r.shape.c_str(), r.impl.c_str(),
+                r.us, r.rate, r.unit.c_str(), r.pct, r.vs.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,689 @@
+// Attention kernels (see attention.h). Kernel versions:
+//   FlashFwdKernel (prefill, bf16/fp16): a CTA owns kWarps*16 query rows of
+//     one (sequence, q head); each warp keeps its 16 rows of Q as mma A
+//     fragments in registers, streams 64-key K/V tiles (double-buffered
+//     cp.async into XOR-swizzled shared memory, ldmatrix out of it), computes
+//     S = Q K^T with mma.sync m16n8k16 (fp32 accumulators), applies the causal
+//     / length mask only on tiles that need it, does the online softmax in
+//     registers (exp2 with the scale folded in), reuses the S accumulators as
+//     the A fragments of P and accumulates O += P V on tensor cores. Warps
+//     whose rows lie entirely above a causal tile skip it. Heavy (late) query
+//     blocks are launched first.
+//   SimtAttnKernel (decode, all dtypes; fp32 prefill): a CTA owns G q heads
+//     that share one kv head, for one query and one split of its keys. Lanes
+//     hold 16-byte slices of a key row (D/8 lanes per row for 16-bit types),
+//     so a warp reads whole rows coalesced; each warp runs its own online
+//     softmax over its keys and the CTA merges the warps at the end. With
+//     splits > 1 the CTA writes (unnormalized O, max, sum) and
+//     CombineSplitsKernel merges the splits (flash-decoding).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/attention.h"
+
+namespace fusedserve {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T>
+__device__ __forceinline__ float ToF(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float ToF<__half>(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ float FromF<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half FromF<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Sum of seq_lens[0..b): the packed offset of sequence b (warp-cooperative).
+__device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, int b) {
+  int s = 0;
+  for (int i = threadIdx.x & 31; i < b; i += 32) s += lens[i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+}
+
+// ============================================================================
+// Tensor-core flash attention (prefill).
+// ============================================================================
+
+struct FlashParams {
+  const void* q;  // [T,Hq,D]
+  const void* k;  // [T,Hkv,D]
+  const void* v;  // [T,Hkv,D]
+  void* o;        // [T,Hq,D]
+  const int32_t* seq_lens;  // [B]
+  int Hq, Hkv, group;       // group = Hq / Hkv
+  float scale_log2;         // scale * log2(e)
+  bool causal;
+};
+
+template <typename T, int kHeadDim, int kWarps>
+struct FlashTraits {
+  static constexpr int kBlockM = kWarps * 16;  // query rows per CTA (16 per warp)
+  static constexpr int kBlockN = 64;           // keys per tile
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kQElems = kBlockM * kHeadDim;
+  static constexpr int kKVElems = kBlockN * kHeadDim;
+  // Q, then K and V with two stages each.
+  static constexpr int kSmemBytes = (kQElems + 4 * kKVElems) * static_cast<int>(sizeof(T));
+  static_assert(sizeof(T) == 2, "tensor-core path is 16-bit only");
+  static_assert(kChunks % 8 == 0, "the XOR swizzle needs rows of a multiple of 128 bytes");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "mma tiles");
+};
+
+// Element offset of 16-byte chunk c of row r in a swizzled [rows, kChunks*8]
+// tile: chunk c lands at c ^ (r % 8), so the 8 rows an ldmatrix reads hit 8
+// different bank groups.
+template <int kChunks>
+__device__ __forceinline__ int SwizzledOffset(int r, int c) {
+  return r * kChunks * 8 + ((c ^ (r & 7)) << 3);
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;  // 0: fill with zeros, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// c += a . b for one m16n8k16 tile, fp32 accumulators.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void Mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Copies rows [row0, row0 + kRows) of a [*, stride] matrix (rows >= limit
+// zero-filled) into a swizzled shared tile.
+template <typename T, int kRows, int kChunks, int kThreads>
+__device__ __forceinline__ void LoadTile(T* __restrict__ smem, const T* __restrict__ gmem, int64_t stride, int row0,
+                                         int limit) {
+#pragma unroll
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < limit;
+    const T* src = gmem + (valid ? (row0 + r) * stride + c * 8 : 0);
+    CpAsync16(smem + SwizzledOffset<kChunks>(r, c), src, valid);
+  }
+}
+
+template <typename T, int kHeadDim, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) {
+  using Tr = FlashTraits<T, kHeadDim, kWarps>;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kChunks = Tr::kChunks;
+  constexpr int kDTiles = kHeadDim / 8;   // n8 tiles of O
+  constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S
+  constexpr int kDSteps = kHeadDim / 16;  // k16 steps of Q K^T
+  extern __shared__ uint4 smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + Tr::kQElems;            // 2 stages
+  T* sV = sK + 2 * Tr::kKVElems;       // 2 stages
+
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
+  const int seqlen = p.seq_lens[b];
+  if (m_block * kBlockM >= seqlen) return;
+  const int seq_start = SequenceStart(p.seq_lens, b);
+  const int kvh = h / p.group;
+  const int64_t q_stride = static_cast<int64_t>(p.Hq) * kHeadDim;
+  const int64_t kv_stride = static_cast<int64_t>(p.Hkv) * kHeadDim;
+  const T* gQ = static_cast<const T*>(p.q) + seq_start * q_stride + h * kHeadDim;
+  const T* gK = static_cast<const T*>(p.k) + seq_start * kv_stride + kvh * kHeadDim;
+  const T* gV = static_cast<const T*>(p.v) + seq_start * kv_stride + kvh * kHeadDim;
+  T* gO = static_cast<T*>(p.o) + seq_start * q_stride + h * kHeadDim;
+
+  const int n_blocks =
+      p.causal ? min((seqlen + kBlockN - 1) / kBlockN, ((m_block + 1) * kBlockM + kBlockN - 1) / kBlockN)
+               : (seqlen + kBlockN - 1) / kBlockN;
+
+  LoadTile<T, kBlockM, kChunks, Tr::kThreads>(sQ, gQ, q_stride, m_block * kBlockM, seqlen);
+  LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sK, gK, kv_stride, 0, seqlen);
+  LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sV, gV, kv_stride, 0, seqlen);
+  CpAsyncCommit();
+  CpAsyncWaitAll();
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Q fragments: rows warp*16 + (lane % 16), chunk 2*kk + lane / 16.
+  uint32_t qf[kDSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kDSteps; ++kk) {
+    LdMatrixX4(qf[kk], sQ + SwizzledOffset<kChunks>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+  }
+
+  float o[kDTiles][4];
+#pragma unroll
+  for (int i = 0; i < kDTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // in log2 units (scores * scale_log2)
+  float row_sum[2] = {0.0f, 0.0f};            // this thread's columns only
+  const int warp_row_min = m_block * kBlockM + warp * 16;
+  const int warp_row_max = warp_row_min + 15;
+  const int row_a = warp_row_min + (lane >> 2);  // rows row_a and row_a + 8
+  const float scale_log2 = p.scale_log2;
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = nb & 1;
+    if (nb + 1 < n_blocks) {
+      LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVElems, gK, kv_stride,
+                                                  (nb + 1) * kBlockN, seqlen);
+      LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVElems, gV, kv_stride,
+                                                  (nb + 1) * kBlockN, seqlen);
+      CpAsyncCommit();
+    }
+    const int key0 = nb * kBlockN;
+    if (!(p.causal && key0 > warp_row_max)) {  // else every key of the tile is masked for this warp
+      const T* k_tile = sK + stage * Tr::kKVElems;
+      const T* v_tile = sV + stage * Tr::kKVElems;
+      float s[kNTiles][4];
+#pragma unroll
+      for (int i = 0; i < kNTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kDSteps; ++kk) {
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          uint32_t kb[4];
+          LdMatrixX4(kb, k_tile + SwizzledOffset<kChunks>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                          2 * kk + ((lane >> 3) & 1)));
+          Mma16816<T>(s[2 * np], qf[kk], kb[0], kb[1]);
+          Mma16816<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+        }
+      }
+      // Mask keys past the sequence and, for causal, keys after the query.
+      if (key0 + kBlockN > seqlen || (p.causal && key0 + kBlockN - 1 > warp_row_min)) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+            const int row = row_a + (e >> 1) * 8;
+            if (col >= seqlen || (p.causal && col > row)) s[nt][e] = -INFINITY;
+          }
+        }
+      }
+      // Online softmax; each row's 64 columns are spread over a quad of lanes.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[half], mx * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
+        const float alpha = FastExp2(row_max[half] - m_use);
+        row_max[half] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          s[nt][2 * half] = FastExp2(fmaf(s[nt][2 * half], scale_log2, -m_use));
+          s[nt][2 * half + 1] = FastExp2(fmaf(s[nt][2 * half + 1], scale_log2, -m_use));
+          sum += s[nt][2 * half] + s[nt][2 * half + 1];
+        }
+        row_sum[half] = row_sum[half] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o[dt][2 * half] *= alpha;
+          o[dt][2 * half + 1] *= alpha;
+        }
+      }
+      // O += P V: the S accumulators of n-tiles 2j, 2j+1 are the A fragment of k-step j.
+#pragma unroll
+      for (int j = 0; j < kBlockN / 16; ++j) {
+        uint32_t pa[4];
+        pa[0] = Pack2<T>(s[2 * j][0], s[2 * j][1]);
+        pa[1] = Pack2<T>(s[2 * j][2], s[2 * j][3]);
+        pa[2] = Pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
+        pa[3] = Pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          uint32_t vb[4];
+          LdMatrixX4Trans(vb, v_tile + SwizzledOffset<kChunks>(j * 16 + (lane & 15), 2 * dp + (lane >> 4)));
+          Mma16816<T>(o[2 * dp], pa, vb[0], vb[1]);
+          Mma16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    CpAsyncWaitAll();
+    __syncthreads();
+  }
+
+  // Normalize and store (rows past the sequence are not written).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = row_sum[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int row = row_a + half * 8;
+    if (row < seqlen) {
+      T* out = gO + row * q_stride + 2 * (lane & 3);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        *reinterpret_cast<uint32_t*>(out + dt * 8) = Pack2<T>(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+      }
+    }
+  }
+}
+
+template <typename T, int kHeadDim, int kWarps>
+CudaStatus LaunchFlash(const AttentionArgs& a, cudaStream_t stream) {
+  using Tr = FlashTraits<T, kHeadDim, kWarps>;
+  auto kernel = FlashFwdKernel<T, kHeadDim, kWarps>;
+  if (CudaStatus s = FS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      !s.ok())
+    return s;
+  FlashParams p{a.q, a.k, a.v, a.o, a.seq_lens, a.Hq, a.Hkv, a.Hq / a.Hkv, a.scale * kLog2e, a.causal};
+  const dim3 grid((a.max_seqlen + Tr::kBlockM - 1) / Tr::kBlockM, a.Hq, a.B);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return FS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+CudaStatus LaunchFlashDtype(const AttentionArgs& a, int block_m, cudaStream_t stream) {
+  if (a.D == 128) {
+    return block_m == 64 ? LaunchFlash<T, 128, 4>(a, stream) : LaunchFlash<T, 128, 8>(a, stream);
+  }
+  return block_m == 64 ? LaunchFlash<T, 64, 4>(a, stream) : LaunchFlash<T, 64, 8>(a, stream);
+}
+
+// ============================================================================
+// SIMT attention: decode (every dtype) and fp32 prefill.
+// ============================================================================
+
+constexpr int kSimtWarps = 4;
+constexpr int kMinKeysPerSplit = 256;
+
+struct SimtParams {
+  const void* q;  // decode [B,Hq,D]; prefill [T,Hq,D]
+  const void* k;  // decode [B,L,Hkv,D]; prefill [T,Hkv,D]
+  const void* v;
+  void* o;                // like q
+  float* part_o;          // [Q,Hq,splits,D] unnormalized partial outputs (splits > 1)
+  float* part_ml;         // [Q,Hq,splits,2] (max in log2 units, sum)
+  const int32_t* lens;    // decode: lengths [B]; prefill: seq_lens [B]
+  int L;                  // decode: cache rows per sequence
+  int Hq, Hkv, group;     // group = Hq / Hkv
+  int splits, keys_per_split;
+  float scale_log2;
+  bool prefill, causal;
+};
+
+// Keys per lane-group load and unroll by heads per CTA (G): register budget
+// for G query heads x (q, accumulator) slices plus the in-flight K/V rows.
+template <int kG>
+struct SimtUnroll {
+  static constexpr int kU = kG >= 4 ? 4 : 8;
+};
+
+template <typename T, int kHeadDim, int kG>
+__global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams p) {
+  constexpr int kVec = 16 / sizeof(T);             // elements per 16-byte slice
+  constexpr int kLanesPerKey = kHeadDim / kVec;    // lanes sharing one key row
+  constexpr int kKeysPerLoad = 32 / kLanesPerKey;  // key rows per warp load
+  constexpr int kU = SimtUnroll<kG>::kU;
+  constexpr int kKeysPerIter = kKeysPerLoad * kU;
+  static_assert(kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "head dim / vector width");
+  __shared__ float s_o[kSimtWarps][kG][kHeadDim];
+  __shared__ float s_ml[kSimtWarps][kG][2];
+
+  const int qi = blockIdx.z;          // query (decode: sequence; prefill: token)
+  const int h0 = blockIdx.y * kG;     // first q head; all kG share kv head h0 / group
+  const int kvh = h0 / p.group;
+  const int split = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int slot = lane / kLanesPerKey, dl = lane % kLanesPerKey;
+  const int64_t kv_stride = static_cast<int64_t>(p.Hkv) * kHeadDim;
+
+  int len;
+  int64_t kv_row0;
+  if (p.prefill) {
+    int start = 0, b = 0;
+    while (qi >= start + p.lens[b]) start += p.lens[b++];
+    len = p.causal ? qi - start + 1 : p.lens[b];
+    kv_row0 = start;
+  } else {
+    len = p.lens[qi];
+    kv_row0 = static_cast<int64_t>(qi) * p.L;
+  }
+  const int key_begin = split * p.keys_per_split;
+  const int key_end = min(len, key_begin + p.keys_per_split);
+  const T* gK = static_cast<const T*>(p.k) + kv_row0 * kv_stride + kvh * kHeadDim + dl * kVec;
+  const T* gV = static_cast<const T*>(p.v) + kv_row0 * kv_stride + kvh * kHeadDim + dl * kVec;
+
+  float qf[kG][kVec];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    const T* src = static_cast<const T*>(p.q) + (static_cast<int64_t>(qi) * p.Hq + h0 + g) * kHeadDim + dl * kVec;
+    const uint4 raw = *reinterpret_cast<const uint4*>(src);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) qf[g][i] = ToF(e[i]) * p.scale_log2;
+  }
+  float acc[kG][kVec];
+  float m[kG], l[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc[g][i] = 0.0f;
+  }
+
+  for (int t0 = key_begin + warp * kKeysPerIter; t0 < key_end; t0 += kSimtWarps * kKeysPerIter) {
+    uint4 kr[kU], vr[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int key = t0 + u * kKeysPerLoad + slot;
+      if (key < key_end) {
+        kr[u] = __ldcs(reinterpret_cast<const uint4*>(gK + key * kv_stride));
+        vr[u] = __ldcs(reinterpret_cast<const uint4*>(gV + key * kv_stride));
+      } else {
+        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    float s[kU][kG];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const T* ke = reinterpret_cast<const T*>(&kr[u]);
+      float kf[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) kf[i] = ToF(ke[i]);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) d = fmaf(qf[g][i], kf[i], d);
+#pragma unroll
+        for (int off = kLanesPerKey / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+        s[u][g] = (t0 + u * kKeysPerLoad + slot < key_end) ? d : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) mx = fmaxf(mx, s[u][g]);
+#pragma unroll
+      for (int off = kLanesPerKey; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m[g], mx);  // finite: the warp's first key of this tile is valid
+      const float alpha = FastExp2(m[g] - m_new);
+      m[g] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        s[u][g] = FastExp2(s[u][g] - m_new);
+        sum += s[u][g];
+      }
+      l[g] = l[g] * alpha + sum;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[g][i] *= alpha;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const T* ve = reinterpret_cast<const T*>(&vr[u]);
+      float vf[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) vf[i] = ToF(ve[i]);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) acc[g][i] = fmaf(s[u][g], vf[i], acc[g][i]);
+      }
+    }
+  }
+  // Merge the key slots of the warp (same max across the warp), then the warps.
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+#pragma unroll
+    for (int off = kLanesPerKey; off < 32; off <<= 1) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], off);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], off);
+    }
+    if (slot == 0) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) s_o[warp][g][dl * kVec + i] = acc[g][i];
+      if (dl == 0) {
+        s_ml[warp][g][0] = m[g];
+        s_ml[warp][g][1] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kG * kHeadDim; idx += blockDim.x) {
+    const int g = idx / kHeadDim, d = idx % kHeadDim;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kSimtWarps; ++w) mx = fmaxf(mx, s_ml[w][g][0]);
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kSimtWarps; ++w) {
+        const float f = FastExp2(s_ml[w][g][0] - mx);
+        sum += f * s_ml[w][g][1];
+        out += f * s_o[w][g][d];
+      }
+    }
+    const int64_t row = static_cast<int64_t>(qi) * p.Hq + h0 + g;
+    if (p.splits == 1) {
+      static_cast<T*>(p.o)[row * kHeadDim + d] = FromF<T>(sum > 0.0f ? out / sum : 0.0f);
+    } else {
+      p.part_o[(row * p.splits + split) * kHeadDim + d] = out;
+      if (d == 0) {
+        p.part_ml[(row * p.splits + split) * 2] = mx;
+        p.part_ml[(row * p.splits + split) * 2 + 1] = sum;
+      }
+    }
+  }
+}
+
+// One warp per (query, head): merges the splits' partial results.
+template <typename T>
+__global__ void CombineSplitsKernel(const float* __restrict__ part_o,   // [rows,splits,D]
+                                    const float* __restrict__ part_ml,  // [rows,splits,2]
+                                    T* __restrict__ o,                  // [rows,D]
+                                    int rows, int splits, int D) {
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float* ml = part_ml + static_cast<int64_t>(row) * splits * 2;
+  float mx = -INFINITY;
+  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s = lane; s < splits; s += 32) sum += FastExp2(ml[2 * s] - mx) * ml[2 * s + 1];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (int d = lane; d < D; d += 32) {
+    float out = 0.0f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        out += FastExp2(ml[2 * s] - mx) * part_o[(static_cast<int64_t>(row) * splits + s) * D + d];
+      }
+    }
+    o[static_cast<int64_t>(row) * D + d] = FromF<T>(out * inv);
+  }
+}
+
+// Largest G in {4, 2, 1} dividing the GQA group. G = 8 would need 64 more
+// registers per thread than __launch_bounds__(128, 4) allows (ptxas spilled
+// ~650 bytes); a group of 8 runs as two CTAs whose K/V reads hit in L2.
+int HeadsPerCta(int group) { return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1); }
+
+template <typename T, int kHeadDim>
+CudaStatus LaunchSimtHD(const SimtParams& p, int queries, int G, cudaStream_t stream) {
+  const dim3 grid(p.splits, p.Hq / G, queries), block(kSimtWarps * 32);
+  if (G == 4) {
+    SimtAttnKernel<T, kHeadDim, 4><<<grid, block, 0, stream>>>(p);
+  } else if (G == 2) {
+    SimtAttnKernel<T, kHeadDim, 2><<<grid, block, 0, stream>>>(p);
+  } else {
+    SimtAttnKernel<T, kHeadDim, 1><<<grid, block, 0, stream>>>(p);
+  }
+  if (CudaStatus s = FS_CUDA_CHECK_LAUNCH(); !s.ok()) return s;
+  if (p.splits > 1) {
+    const int rows = queries * p.Hq;
+    constexpr int kWarpsPerBlock = 4;
+    CombineSplitsKernel<T><<<(rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
+        p.part_o, p.part_ml, static_cast<T*>(p.o), rows, p.splits, kHeadDim);
+    return FS_CUDA_CHECK_LAUNCH();
+  }
+  return CudaStatus::Ok();
+}
+
+template <typename T>
+CudaStatus LaunchSimtDtype(const SimtParams& p, int D, int queries, cudaStream_t stream) {
+  const int G = HeadsPerCta(p.group);
+  return D == 128 ? LaunchSimtHD<T, 128>(p, queries, G, stream) : LaunchSimtHD<T, 64>(p, queries, G, stream);
+}
+
+CudaStatus LaunchSimt(DType dtype, const SimtParams& p, int D, int queries, cudaStream_t stream) {
+  if (queries > 65535) return CudaStatus::Error("attention: more than 65535 queries in one launch");
+  switch (dtype) {
+    case DType::kBF16: return LaunchSimtDtype<__nv_bfloat16>(p, D, queries, stream);
+    case DType::kF16: return LaunchSimtDtype<__half>(p, D, queries, stream);
+    case DType::kF32: return LaunchSimtDtype<float>(p, D, queries, stream);
+    default: return CudaStatus::Error("attention: unsupported dtype");
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
+
+CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, cudaStream_t stream) {
+  if (!AttentionHeadDimSupported(a.D)) {
+    return CudaStatus::Error("attention: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
+  }
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention: Hq must be a multiple of Hkv");
+  if (a.T == 0 || a.B == 0 || a.max_seqlen == 0) return CudaStatus::Ok();
+  if (!Aligned16(a.q) || !Aligned16(a.k) || !Aligned16(a.v) || !Aligned16(a.o)) {
+    return CudaStatus::Error("attention: q, k, v, o must be 16-byte aligned");
+  }
+  if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
+  switch (a.dtype) {
+    case DType::kBF16: return LaunchFlashDtype<__nv_bfloat16>(a, block_m, stream);
+    case DType::kF16: return LaunchFlashDtype<__half>(a, block_m, stream);
+    case DType::kF32: {
+      SimtParams p{a.q, a.k, a.v, a.o, nullptr, nullptr, a.seq_lens, 0, a.Hq, a.Hkv, a.Hq / a.Hkv,
+                   1, a.max_seqlen, a.scale * kLog2e, true, a.causal};
+      return LaunchSimt(a.dtype, p, a.D, a.T, stream);
+    }
+    default: return CudaStatus::Error("attention: unsupported dtype");
+  }
+}
+
+int DecodeDefaultSplits(DType dtype, int B, int L, int Hq, int Hkv, int D, int sm_count) {
+  if (B <= 0 || L <= 0 || Hkv <= 0 || Hq % Hkv != 0) return 1;
+  // Resident CTAs of the decode kernel: __launch_bounds__(128, 4) guarantees 4 per SM.
+  const int slots = std::max(1, sm_count) * 4;
+  const int base = B * (Hq / HeadsPerCta(Hq / Hkv));
+  int splits = std::max(1, slots / std::max(1, base));
+  splits = std::min(splits, std::max(1, L / kMinKeysPerSplit));
+  return std::min(splits, 1024);
+}
+
+size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(B) * Hq * splits * (D + 2) * sizeof(float);
+}
+
+CudaStatus LaunchAttentionDecode(const DecodeArgs& a, int splits, void* workspace, cudaStream_t stream) {
+  if (!AttentionHeadDimSupported(a.D)) {
+    return CudaStatus::Error("attention_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
+  }
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention_decode: Hq must be a multiple of Hkv");
+  if (a.B == 0 || a.Hq == 0) return CudaStatus::Ok();
+  if (!Aligned16(a.q) || !Aligned16(a.k_cache) || !Aligned16(a.v_cache)) {
+    return CudaStatus::Error("attention_decode: q, k_cache, v_cache must be 16-byte aligned");
+  }
+  splits = std::max(1, splits);
+  if (a.L > 0) splits = std::min(splits, a.L);
+  if (splits > 1 && workspace == nullptr) return CudaStatus::Error("attention_decode: no workspace for splits");
+  const int keys_per_split = a.L <= 0 ? 1 : (a.L + splits - 1) / splits;
+  float* part_o = static_cast<float*>(workspace);
+  float* part_ml = part_o == nullptr ? nullptr : part_o + static_cast<size_t>(a.B) * a.Hq * splits * a.D;
+  SimtParams p{a.q, a.k_cache, a.v_cache, a.o, part_o, part_ml, a.lengths, a.L, a.Hq, a.Hkv, a.Hq / a.Hkv,
+               splits, keys_per_split, a.scale * kLog2e, false, false};
+  return LaunchSimt(a.dtype, p, a.D, a.B, stream);
+}
+
+}  // namespace fusedserve

@@ -1,0 +1,362 @@
+// MLP helper kernels (see mlp.h).
+//   v1 elementwise: activation in place, SwiGLU gate (silu(g) * u); 16-byte
+//      vectors when sizes and alignment allow, else one element per thread.
+//   v1 GEMV: a warp owns two weight rows (linear: rows n, n+1; SwiGLU: gate
+//      row j and up row j + I, so the activation is applied in registers and
+//      the [M, 2I] intermediate never exists), streams them with 16-byte
+//      evict-first loads, kUnroll vectors per row in flight per lane, and
+//      reads x (tiny) through L1. Templated on dtype and an M tile (1,2,4,8).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mlp.h"
+
+namespace fusedserve {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float ToF(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float ToF<__half>(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromF(float v);
+template <>
+__device__ __forceinline__ float FromF<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half FromF<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// 16 bytes of T as floats and back.
+template <typename T>
+struct Vec16 {
+  static constexpr int kN = 16 / sizeof(T);
+  __device__ __forceinline__ static void Load(const uint4& u, float (&f)[kN]) {
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) f[i] = ToF(e[i]);
+  }
+  __device__ __forceinline__ static uint4 Store(const float (&f)[kN]) {
+    uint4 u;
+    T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) e[i] = FromF<T>(f[i]);
+    return u;
+  }
+};
+
+__device__ __forceinline__ float Act(float x, Activation act) {
+  switch (act) {
+    case Activation::kSilu: return x / (1.0f + __expf(-x));
+    case Activation::kGeluErf: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case Activation::kGeluTanh: {
+      const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+      return 0.5f * x * (1.0f + tanhf(u));
+    }
+    default: return x;
+  }
+}
+__device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+int Blocks(int64_t work, int threads) {
+  const int64_t b = (work + threads - 1) / threads;
+  return static_cast<int>(b < 65536 * 8 ? (b < 1 ? 1 : b) : 65536 * 8);  // grid-stride loops cover the rest
+}
+
+template <typename T, bool kVector>
+__global__ void ActivationKernel(T* __restrict__ y,  // [n]
+                                 int64_t n, Activation act) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if constexpr (kVector) {
+    using V = Vec16<T>;
+    uint4* yv = reinterpret_cast<uint4*>(y);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n / V::kN; i += stride) {
+      float f[V::kN];
+      V::Load(yv[i], f);
+#pragma unroll
+      for (int j = 0; j < V::kN; ++j) f[j] = Act(f[j], act);
+      yv[i] = V::Store(f);
+    }
+  } else {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
+      y[i] = FromF<T>(Act(ToF(y[i]), act));
+    }
+  }
+}
+
+template <typename T>
+__global__ void BiasActivationKernel(const T* __restrict__ bias,  // [N] or nullptr
+                                     T* __restrict__ y,           // [M,N]
+                                     int64_t M, int64_t N, Activation act) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * N; i += stride) {
+    y[i] = FromF<T>(Act(bias ? ToF(bias[i % N]) : 0.0f, act));
+  }
+}
+
+template <typename T, bool kVector>
+__global__ void SiluAndMulKernel(const T* __restrict__ x,  // [M,2I]
+                                 T* __restrict__ y,        // [M,I]
+                                 int64_t M, int64_t I) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if constexpr (kVector) {
+    using V = Vec16<T>;
+    const int64_t iv = I / V::kN;  // vectors per output row
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * iv; i += stride) {
+      const int64_t m = i / iv, j = i - m * iv;
+      const uint4* row = reinterpret_cast<const uint4*>(x + m * 2 * I);
+      float g[V::kN], u[V::kN];
+      V::Load(row[j], g);
+      V::Load(row[iv + j], u);
+#pragma unroll
+      for (int e = 0; e < V::kN; ++e) g[e] = Silu(g[e]) * u[e];
+      reinterpret_cast<uint4*>(y)[i] = V::Store(g);
+    }
+  } else {
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * I; i += stride) {
+      const int64_t m = i / I, j = i - m * I;
+      y[i] = FromF<T>(Silu(ToF(x[m * 2 * I + j])) * ToF(x[m * 2 * I + I + j]));
+    }
+  }
+}
+
+// ---- GEMV -------------------------------------------------------------------
+
+constexpr int kGemvWarps = 4;  // 128 threads: small blocks keep the last wave short
+constexpr int kGemvUnroll = 4;  // 16-byte vectors per weight row in flight per lane
+
+struct GemvParams {
+  const void* x;     // [M,K]
+  const void* w;     // [N,K] (linear) or [2I,K] (SwiGLU)
+  const void* bias;  // [N] or nullptr (linear only)
+  void* y;           // [M,N] (linear) or [M,I] (SwiGLU)
+  int64_t M, N, K;   // SwiGLU: N = I
+  Activation act;
+};
+
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
+
+template <typename T, int kM, bool kSwiglu>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p) {
+  using V = Vec16<T>;
+  const int lane = threadIdx.x & 31;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  // The two weight rows of this warp and whether the second exists.
+  const int64_t r0 = kSwiglu ? unit : 2 * unit;
+  const int64_t r1 = kSwiglu ? unit + p.N : 2 * unit + 1;
+  if (r0 >= p.N && !kSwiglu) return;
+  if (kSwiglu && unit >= p.N) return;
+  const bool has1 = kSwiglu || r1 < p.N;
+  const int64_t nvec = p.K / V::kN;
+  const uint4* w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
+  const uint4* w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (has1 ? r1 : r0) * p.K);
+  const uint4* xv = reinterpret_cast<const uint4*>(p.x);
+
+  float acc[kM][2];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) acc[m][0] = acc[m][1] = 0.0f;
+
+  for (int64_t base = lane; base < nvec; base += 32 * kGemvUnroll) {
+    uint4 a[kGemvUnroll], b[kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t i = base + 32 * u;
+      if (i < nvec) {
+        a[u] = LoadStream(w0 + i);
+        b[u] = LoadStream(w1 + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t i = base + 32 * u;
+      if (i < nvec) {
+        float fa[V::kN], fb[V::kN];
+        V::Load(a[u], fa);
+        V::Load(b[u], fb);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          if (m < p.M) {
+            float fx[V::kN];
+            V::Load(__ldg(xv + m * nvec + i), fx);
+#pragma unroll
+            for (int e = 0; e < V::kN; ++e) {
+              acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
+              acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], off);
+    }
+  }
+  // Lane m writes row m's outputs.
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    if (lane == m && m < p.M) {
+      if constexpr (kSwiglu) {
+        y[m * p.N + unit] = FromF<T>(Silu(acc[m][0]) * acc[m][1]);
+      } else {
+        const T* bias = static_cast<const T*>(p.bias);
+        y[m * p.N + r0] = FromF<T>(Act(acc[m][0] + (bias ? ToF(bias[r0]) : 0.0f), p.act));
+        if (has1) y[m * p.N + r1] = FromF<T>(Act(acc[m][1] + (bias ? ToF(bias[r1]) : 0.0f), p.act));
+      }
+    }
+  }
+}
+
+template <typename T, bool kSwiglu>
+CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
+  const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
+  const int64_t blocks = (units + kGemvWarps - 1) / kGemvWarps;
+  if (blocks > 0x7fffffff) return CudaStatus::Error("GEMV: N too large");
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kGemvWarps * 32);
+  if (p.M <= 1) {
+    GemvKernel<T, 1, kSwiglu><<<grid, block, 0, stream>>>(p);
+  } else if (p.M <= 2) {
+    GemvKernel<T, 2, kSwiglu><<<grid, block, 0, stream>>>(p);
+  } else if (p.M <= 4) {
+    GemvKernel<T, 4, kSwiglu><<<grid, block, 0, stream>>>(p);
+  } else {
+    GemvKernel<T, 8, kSwiglu><<<grid, block, 0, stream>>>(p);
+  }
+  return FS_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kSwiglu>
+CudaStatus LaunchGemvDtype(DType dtype, const GemvParams& p, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kBF16: return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, stream);
+    case DType::kF16: return LaunchGemvT<__half, kSwiglu>(p, stream);
+    case DType::kF32: return LaunchGemvT<float, kSwiglu>(p, stream);
+    default: return CudaStatus::Error("GEMV: unsupported dtype");
+  }
+}
+
+}  // namespace
+
+CudaStatus LaunchActivationInPlace(DType dtype, int64_t n, Activation act, void* y, cudaStream_t stream) {
+  if (act == Activation::kNone || n == 0) return CudaStatus::Ok();
+  constexpr int kThreads = 256;
+  const bool vec = Aligned16(y) && n % (16 / DTypeSize(dtype)) == 0;
+  const int64_t work = vec ? n / (16 / DTypeSize(dtype)) : n;
+  const int blocks = Blocks(work, kThreads);
+  switch (dtype) {
+    case DType::kBF16:
+      if (vec) ActivationKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(y), n, act);
+      else ActivationKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(y), n, act);
+      break;
+    case DType::kF16:
+      if (vec) ActivationKernel<__half, true><<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(y), n, act);
+      else ActivationKernel<__half, false><<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(y), n, act);
+      break;
+    case DType::kF32:
+      if (vec) ActivationKernel<float, true><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(y), n, act);
+      else ActivationKernel<float, false><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(y), n, act);
+      break;
+    default: return CudaStatus::Error("activation: unsupported dtype");
+  }
+  return FS_CUDA_CHECK_LAUNCH();
+}
+
+CudaStatus LaunchBiasActivation(DType dtype, int64_t M, int64_t N, const void* bias, Activation act, void* y,
+                                cudaStream_t stream) {
+  if (M * N == 0) return CudaStatus::Ok();
+  constexpr int kThreads = 256;
+  const int blocks = Blocks(M * N, kThreads);
+  switch (dtype) {
+    case DType::kBF16:
+      BiasActivationKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(bias),
+                                                            static_cast<__nv_bfloat16*>(y), M, N, act);
+      break;
+    case DType::kF16:
+      BiasActivationKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(bias), static_cast<__half*>(y),
+                                                            M, N, act);
+      break;
+    case DType::kF32:
+      BiasActivationKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(bias), static_cast<float*>(y),
+                                                            M, N, act);
+      break;
+    default: return CudaStatus::Error("bias activation: unsupported dtype");
+  }
+  return FS_CUDA_CHECK_LAUNCH();
+}
+
+CudaStatus LaunchMlpSiluAndMul(DType dtype, int64_t M, int64_t I, const void* x, void* y, cudaStream_t stream) {
+  if (M * I == 0) return CudaStatus::Ok();
+  constexpr int kThreads = 256;
+  const int64_t vn = 16 / DTypeSize(dtype);
+  const bool vec = Aligned16(x) && Aligned16(y) && I % vn == 0;
+  const int blocks = Blocks(vec ? M * I / vn : M * I, kThreads);
+  switch (dtype) {
+    case DType::kBF16: {
+      auto* xs = static_cast<const __nv_bfloat16*>(x);
+      auto* ys = static_cast<__nv_bfloat16*>(y);
+      if (vec) SiluAndMulKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      else SiluAndMulKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      break;
+    }
+    case DType::kF16: {
+      auto* xs = static_cast<const __half*>(x);
+      auto* ys = static_cast<__half*>(y);
+      if (vec) SiluAndMulKernel<__half, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      else SiluAndMulKernel<__half, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      break;
+    }
+    case DType::kF32: {
+      auto* xs = static_cast<const float*>(x);
+      auto* ys = static_cast<float*>(y);
+      if (vec) SiluAndMulKernel<float, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      else SiluAndMulKernel<float, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      break;
+    }
+    default: return CudaStatus::Error("silu_and_mul: unsupported dtype");
+  }
+  return FS_CUDA_CHECK_LAUNCH();
+}
+
+bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w) {
+  if (!IsFloat(dtype) || M < 1 || M > kGemvMaxM || K < 1) return false;
+  return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0 && Aligned16(x) && Aligned16(w);
+}
+
+CudaStatus LaunchGemv(const GemmArgs& g, cudaStream_t stream) {
+  if (!GemvSupported(g.dtype, g.M, g.K, g.x, g.w)) return CudaStatus::Error("GEMV: unsupported problem");
+  if (g.N == 0) return CudaStatus::Ok();
+  const GemvParams p{g.x, g.w, g.bias, g.y, g.M, g.N, g.K, g.act};
+  return LaunchGemvDtype<false>(g.dtype, p, stream);
+}
+
+CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                            void* h, cudaStream_t stream) {
+  if (!GemvSupported(dtype, M, D, x, gate_up)) return CudaStatus::Error("GEMV SwiGLU: unsupported problem");
+  if (I == 0) return CudaStatus::Ok();
+  const GemvParams p{x, gate_up, nullptr, h, M, I, D, Activation::kNone};
+  return LaunchGemvDtype<true>(dtype, p, stream);
+}
+
+}  // namespace fusedserve

@@ -1,0 +1,45 @@
+// Launchers for the MLP helpers around the cuBLASLt GEMMs (kernels in
+// mlp.cu): the elementwise epilogues cuBLASLt lacks (SiLU, erf-GELU), the
+// SwiGLU activation between the two GEMMs of swiglu_mlp, and a
+// bandwidth-bound GEMV for few rows (M <= kGemvMaxM) that fuses bias,
+// activation or the whole SwiGLU gate into the weight stream.
+// All tensors dense row-major, dtype-typed (fp32 accumulation).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/dtype.h"
+#include "kernels/op.h"
+
+namespace fusedserve {
+
+struct GemmArgs;
+
+// y = act(y) in place.   y [n]   (act: kSilu, kGeluErf, kGeluTanh; kNone is a no-op)
+CudaStatus LaunchActivationInPlace(DType dtype, int64_t n, Activation act, void* y, cudaStream_t stream);
+
+// y[m,n] = act(bias[n]) (or act(0) without bias): the K = 0 GEMM.   y [M,N]
+CudaStatus LaunchBiasActivation(DType dtype, int64_t M, int64_t N, const void* bias, Activation act, void* y,
+                                cudaStream_t stream);
+
+// y = silu(x[:, :I]) * x[:, I:].   x [M,2I]; y [M,I]
+CudaStatus LaunchMlpSiluAndMul(DType dtype, int64_t M, int64_t I, const void* x, void* y, cudaStream_t stream);
+
+// The GEMV path: one warp streams two weight rows with 16-byte loads and
+// keeps all M (<= kGemvMaxM) rows of x in L1. Beats cuBLASLt only while the
+// problem is weight-bandwidth bound (small M).
+constexpr int64_t kGemvMaxM = 8;
+// True when the GEMV path can run: M <= kGemvMaxM, K a multiple of the
+// 16-byte vector, x and w 16-byte aligned.
+bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w);
+// y = act(x . w^T + bias) for GemvSupported problems.
+CudaStatus LaunchGemv(const GemmArgs& args, cudaStream_t stream);
+// h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up], in one pass
+// over gate_up.   x [M,D]; gate_up [2I,D]; h [M,I]
+CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                            void* h, cudaStream_t stream);
+
+}  // namespace fusedserve

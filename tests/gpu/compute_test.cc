@@ -1,0 +1,471 @@
+// The compute-bound CUDA ops (linear, swiglu_mlp, attention,
+// attention_decode) against the CPU reference (kernels/cpu/reference.h).
+//
+// Each case draws fresh random inputs, uploads them, poisons the outputs with
+// 0xFF bytes (NaN in every float dtype) so an unwritten element fails, runs
+// RunComputeOp with each named config, and compares:
+//   linear, swiglu_mlp: ||got - ref|| / ||ref|| under a dtype-scaled bound;
+//   attention: max |got - ref| at most twice the error of a same-precision
+//     reference (scores, probabilities and output rounded to the dtype, as a
+//     plain bf16/fp16 framework computation would), the flash-attention rule.
+// Skips without a GPU (CI has none).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/dispatch.h"
+#include "kernels/op.h"
+
+namespace fusedserve {
+namespace {
+
+using Vec = std::vector<float>;
+
+// ---- host helpers -------------------------------------------------------------
+
+void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (int64_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += workers) fn(i);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+HostTensor RandomTensor(DType dt, std::vector<int64_t> shape, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Vec v(n);
+  for (float& x : v) x = dist(rng);
+  return HostTensor::FromFloat(dt, std::move(shape), v);
+}
+
+HostTensor Ints(const std::vector<int64_t>& v) {
+  return HostTensor::FromInt64(DType::kI64, {static_cast<int64_t>(v.size())}, v);
+}
+
+float Round(DType dt, float x) {
+  if (dt == DType::kBF16) return Bf16ToFloat(FloatToBf16(x));
+  if (dt == DType::kF16) return HalfToFloat(FloatToHalf(x));
+  return x;
+}
+
+double RelL2(const Vec& got, const Vec& ref) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+double MaxAbs(const Vec& got, const Vec& ref) {
+  double m = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!(d <= m)) m = d;  // NaN propagates as NaN
+    if (std::isnan(d)) return d;
+  }
+  return m;
+}
+
+int64_t CountNonFinite(const Vec& v) {
+  int64_t n = 0;
+  for (float x : v) n += std::isfinite(x) ? 0 : 1;
+  return n;
+}
+
+// ---- device runner ------------------------------------------------------------
+
+class TestScratch : public Scratch {
+ public:
+  ~TestScratch() override {
+    if (ptr_) cudaFree(ptr_);
+  }
+  CudaStatus Get(size_t bytes, void** ptr) override {
+    if (bytes > size_) {
+      if (ptr_) cudaFree(ptr_);
+      ptr_ = nullptr;
+      if (CudaStatus s = FS_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); !s.ok()) return s;
+      size_ = bytes;
+      // Poison scratch too: kernels must not read what they did not write.
+      cudaMemset(ptr_, 0xFF, bytes);
+    }
+    *ptr = ptr_;
+    return CudaStatus::Ok();
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Runs `r` on device 0 with `config` (empty: defaults); returns outputs as fp32.
+std::map<std::string, Vec> RunOnGpu(const OpRequest& r, const std::string& config) {
+  const OpSpec* spec = FindOpSpec(r.op);
+  std::vector<void*> allocations;
+  DeviceTensorMap in, out;
+  for (const auto& [name, host] : r.inputs) {
+    const bool index = std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) !=
+                       spec->index_inputs.end();
+    DeviceTensor t{index ? DType::kI32 : host.dtype, host.shape, nullptr};
+    std::string bytes = host.data;
+    if (index) {
+      const std::vector<int64_t> v = host.ToInt64();
+      bytes.resize(v.size() * 4);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const int32_t x = static_cast<int32_t>(v[i]);
+        std::memcpy(&bytes[4 * i], &x, 4);
+      }
+    }
+    EXPECT_EQ(cudaMalloc(&t.data, std::max<size_t>(bytes.size(), 16)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(t.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    allocations.push_back(t.data);
+    in[name] = t;
+  }
+  const DType dt = RequestDType(r);
+  for (const auto& [name, shape] : OutputShapes(r)) {
+    DeviceTensor t{dt, shape, nullptr};
+    const size_t bytes = t.numel() * DTypeSize(dt);
+    EXPECT_EQ(cudaMalloc(&t.data, std::max<size_t>(bytes, 16)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(t.data, 0xFF, bytes), cudaSuccess);
+    allocations.push_back(t.data);
+    out[name] = t;
+  }
+  TestScratch scratch;
+  DispatchContext ctx;
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  ctx.sm_count = prop.multiProcessorCount;
+  ctx.scratch = &scratch;
+  if (!config.empty()) {
+    ctx.config = [config](const std::string&, DType, const std::vector<int64_t>&) { return config; };
+  }
+  bool handled = false;
+  const CudaStatus st = RunComputeOp(r, in, out, ctx, &handled);
+  EXPECT_TRUE(handled) << r.op;
+  EXPECT_TRUE(st.ok()) << r.op << " [" << config << "]: " << st.message;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  std::map<std::string, Vec> result;
+  for (const auto& [name, t] : out) {
+    HostTensor h;
+    h.dtype = t.dtype;
+    h.shape = t.shape;
+    h.data.resize(t.numel() * DTypeSize(t.dtype));
+    EXPECT_EQ(cudaMemcpy(h.data.data(), t.data, h.data.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    result[name] = h.ToFloat();
+  }
+  for (void* p : allocations) cudaFree(p);
+  return result;
+}
+
+class ComputeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// ---- linear / swiglu_mlp -------------------------------------------------------
+
+// Relative L2 error bounds: bf16/fp16 outputs are rounded (2^-9 / 2^-12
+// relative), fp32 accumulation order differs from the reference.
+double GemmTol(DType dt) { return dt == DType::kBF16 ? 1e-2 : (dt == DType::kF16 ? 2e-3 : 5e-5); }
+
+OpRequest LinearRequest(DType dt, int64_t M, int64_t N, int64_t K, const std::string& act, bool bias,
+                        uint64_t seed) {
+  OpRequest r = MakeRandomRequest("linear", dt, {M, N, K}, seed);
+  r.attrs["activation"] = act;
+  if (bias) r.inputs["bias"] = RandomTensor(dt, {N}, seed + 7);
+  return r;
+}
+
+void CheckLinear(const OpRequest& r, const std::vector<std::string>& configs) {
+  const HostTensor& x = r.in("x");
+  const HostTensor& w = r.in("weight");
+  const int64_t M = x.dim(0), K = x.dim(1), N = w.dim(0);
+  Vec bias;
+  if (r.has("bias")) bias = r.in("bias").ToFloat();
+  Vec ref(M * N);
+  cpu::Linear(x.ToFloat().data(), w.ToFloat().data(), bias.empty() ? nullptr : bias.data(), M, K, N,
+              ParseActivation(r.s("activation")), ref.data());
+  const DType dt = x.dtype;
+  for (const std::string& config : configs) {
+    const Vec got = RunOnGpu(r, config)["y"];
+    SCOPED_TRACE(std::string(DTypeName(dt)) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                 " K=" + std::to_string(K) + " act=" + r.s("activation") + (bias.empty() ? "" : " +bias") +
+                 " config=[" + config + "]");
+    EXPECT_EQ(CountNonFinite(got), 0);
+    EXPECT_LT(RelL2(got, ref), GemmTol(dt));
+  }
+}
+
+TEST_F(ComputeTest, LinearOddShapes) {
+  uint64_t seed = 100;
+  for (int64_t M : {1, 3, 17, 1000}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{256, 512}, {1001, 520}, {1000, 517}, {7, 33}}) {
+      std::vector<std::string> configs = {"", "algo=0", "algo=3"};
+      if (M <= 8 && K % 8 == 0) configs.push_back("gemv");
+      CheckLinear(LinearRequest(DType::kBF16, M, N, K, "none", false, ++seed), configs);
+    }
+  }
+}
+
+TEST_F(ComputeTest, LinearEpilogues) {
+  uint64_t seed = 200;
+  for (const char* act : {"none", "gelu", "gelu_tanh", "silu"}) {
+    for (bool bias : {false, true}) {
+      CheckLinear(LinearRequest(DType::kBF16, 17, 1001, 520, act, bias, ++seed), {"", "algo=1"});
+      CheckLinear(LinearRequest(DType::kBF16, 3, 1001, 520, act, bias, ++seed), {"gemv", "algo=0"});
+    }
+  }
+}
+
+TEST_F(ComputeTest, LinearOtherDtypes) {
+  CheckLinear(LinearRequest(DType::kF16, 1000, 256, 512, "gelu_tanh", true, 301), {"", "algo=2"});
+  CheckLinear(LinearRequest(DType::kF16, 2, 1001, 520, "silu", true, 302), {"", "gemv", "algo=0"});
+  CheckLinear(LinearRequest(DType::kF32, 17, 1001, 520, "gelu", true, 303), {"", "algo=0"});
+  CheckLinear(LinearRequest(DType::kF32, 3, 300, 516, "gelu_tanh", false, 304), {"gemv", "algo=0"});
+  CheckLinear(LinearRequest(DType::kF32, 5, 77, 31, "none", true, 305), {""});
+}
+
+void CheckSwiglu(DType dt, int64_t M, int64_t D, int64_t I, uint64_t seed,
+                 const std::vector<std::string>& configs) {
+  const OpRequest r = MakeRandomRequest("swiglu_mlp", dt, {M, D, I}, seed);
+  Vec ref(M * D);
+  cpu::SwigluMlp(r.in("x").ToFloat().data(), r.in("gate_up").ToFloat().data(), r.in("down").ToFloat().data(), M,
+                 D, I, ref.data());
+  for (const std::string& config : configs) {
+    const Vec got = RunOnGpu(r, config)["y"];
+    SCOPED_TRACE(std::string(DTypeName(dt)) + " M=" + std::to_string(M) + " D=" + std::to_string(D) +
+                 " I=" + std::to_string(I) + " config=[" + config + "]");
+    EXPECT_EQ(CountNonFinite(got), 0);
+    // The intermediate h is rounded to the dtype too: one more rounding.
+    EXPECT_LT(RelL2(got, ref), 1.5 * GemmTol(dt));
+  }
+}
+
+TEST_F(ComputeTest, SwigluMlp) {
+  uint64_t seed = 400;
+  for (int64_t M : {1, 3, 17, 300}) {
+    std::vector<std::string> configs = {"", "path=gemm"};
+    if (M <= 8) configs.push_back("path=gemv");
+    CheckSwiglu(DType::kBF16, M, 256, 688, ++seed, configs);
+    CheckSwiglu(DType::kBF16, M, 264, 500, ++seed, configs);
+  }
+  CheckSwiglu(DType::kF16, 5, 512, 1376, 450, {"path=gemm", "path=gemv"});
+  CheckSwiglu(DType::kF32, 7, 128, 344, 451, {"path=gemm", "path=gemv"});
+}
+
+// ---- attention -----------------------------------------------------------------
+
+// Same-precision reference for one query head against keys [0, n) of a
+// [rows, H*D] K/V slab: scores, probabilities and output rounded to dt.
+void SamePrecisionOne(DType dt, const float* q, const float* k, const float* v, int64_t n, int64_t stride,
+                      int64_t D, float scale, float* o) {
+  std::vector<float> s(std::max<int64_t>(n, 1));
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    float d = 0.0f;
+    for (int64_t e = 0; e < D; ++e) d += q[e] * k[j * stride + e];
+    s[j] = Round(dt, d * scale);
+    mx = std::max(mx, s[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - mx);
+    sum += s[j];
+  }
+  std::vector<float> acc(D, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = Round(dt, s[j] / sum);
+    for (int64_t e = 0; e < D; ++e) acc[e] += p * v[j * stride + e];
+  }
+  for (int64_t e = 0; e < D; ++e) o[e] = Round(dt, acc[e]);
+}
+
+// The attention tolerance rule: max error at most twice the same-precision
+// reference's, plus a floor for fp32 where that reference is exact.
+void ExpectAttentionClose(DType dt, const Vec& got, const Vec& sp, const Vec& ref, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(CountNonFinite(got), 0);
+  const double err = MaxAbs(got, ref), err_sp = MaxAbs(sp, ref);
+  const double floor = dt == DType::kF32 ? 2e-5 : 1e-4;
+  EXPECT_LE(err, 2.0 * err_sp + floor) << "err=" << err << " same-precision err=" << err_sp;
+  EXPECT_LT(RelL2(got, ref), dt == DType::kF32 ? 1e-5 : 1.5e-2);
+}
+
+struct PrefillCase {
+  DType dt;
+  std::vector<int64_t> seq_lens;
+  int64_t Hq, Hkv, D;
+  bool causal;
+};
+
+void CheckPrefill(const PrefillCase& c, uint64_t seed, const std::vector<std::string>& configs) {
+  int64_t T = 0;
+  for (int64_t l : c.seq_lens) T += l;
+  OpRequest r;
+  r.op = "attention";
+  r.inputs["q"] = RandomTensor(c.dt, {T, c.Hq, c.D}, seed);
+  r.inputs["k"] = RandomTensor(c.dt, {T, c.Hkv, c.D}, seed + 1);
+  r.inputs["v"] = RandomTensor(c.dt, {T, c.Hkv, c.D}, seed + 2);
+  r.inputs["seq_lens"] = Ints(c.seq_lens);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  r.attrs["causal"] = c.causal;
+  r.attrs["scale"] = static_cast<double>(scale);
+
+  const Vec q = r.in("q").ToFloat(), k = r.in("k").ToFloat(), v = r.in("v").ToFloat();
+  const int64_t D = c.D, Hq = c.Hq, Hkv = c.Hkv, group = Hq / Hkv, B = c.seq_lens.size();
+  Vec ref(T * Hq * D), sp(T * Hq * D);
+  // The oracle per head (threads), and the same-precision reference per row.
+  ParallelFor(Hq, [&](int64_t h) {
+    const int64_t kvh = h / group;
+    Vec qh(T * D), kh(T * D), vh(T * D), oh(T * D);
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(&q[(t * Hq + h) * D], D, &qh[t * D]);
+      std::copy_n(&k[(t * Hkv + kvh) * D], D, &kh[t * D]);
+      std::copy_n(&v[(t * Hkv + kvh) * D], D, &vh[t * D]);
+    }
+    cpu::Attention(qh.data(), kh.data(), vh.data(), c.seq_lens.data(), B, T, 1, 1, D, c.causal, scale, oh.data());
+    for (int64_t t = 0; t < T; ++t) std::copy_n(&oh[t * D], D, &ref[(t * Hq + h) * D]);
+  });
+  std::vector<int64_t> start(T), len(T);
+  for (int64_t b = 0, off = 0; b < B; off += c.seq_lens[b++]) {
+    for (int64_t i = 0; i < c.seq_lens[b]; ++i) {
+      start[off + i] = off;
+      len[off + i] = c.causal ? i + 1 : c.seq_lens[b];
+    }
+  }
+  ParallelFor(T, [&](int64_t t) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kvh = h / group;
+      SamePrecisionOne(c.dt, &q[(t * Hq + h) * D], &k[(start[t] * Hkv + kvh) * D], &v[(start[t] * Hkv + kvh) * D],
+                       len[t], Hkv * D, D, scale, &sp[(t * Hq + h) * D]);
+    }
+  });
+  for (const std::string& config : configs) {
+    std::string lens;
+    for (int64_t l : c.seq_lens) lens += std::to_string(l) + ",";
+    ExpectAttentionClose(c.dt, RunOnGpu(r, config)["o"], sp, ref,
+                         std::string(DTypeName(c.dt)) + " seq_lens=" + lens + " Hq=" + std::to_string(Hq) +
+                             " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
+                             (c.causal ? " causal" : " full") + " config=[" + config + "]");
+  }
+}
+
+TEST_F(ComputeTest, AttentionPrefillTileEdges) {
+  uint64_t seed = 500;
+  for (int64_t S : {1, 63, 65, 1000}) {
+    for (auto [Hq, Hkv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {8, 1}}) {
+      for (int64_t D : {64, 128}) {
+        CheckPrefill({DType::kBF16, {S}, Hq, Hkv, D, true}, seed += 3, {"bm=128", "bm=64"});
+      }
+    }
+  }
+}
+
+TEST_F(ComputeTest, AttentionPrefillLong) {
+  CheckPrefill({DType::kBF16, {4097}, 4, 1, 128, true}, 600, {"bm=128", "bm=64"});
+  CheckPrefill({DType::kF16, {4097}, 2, 1, 64, true}, 603, {""});
+}
+
+TEST_F(ComputeTest, AttentionPrefillVarlenAndFull) {
+  CheckPrefill({DType::kBF16, {1, 63, 65, 1000, 130}, 8, 2, 128, true}, 700, {"", "bm=64"});
+  CheckPrefill({DType::kBF16, {1, 63, 65, 1000, 130}, 8, 2, 128, false}, 703, {"", "bm=64"});
+  CheckPrefill({DType::kF16, {65, 200}, 4, 4, 64, false}, 706, {""});
+  CheckPrefill({DType::kF16, {129, 7}, 8, 8, 128, true}, 709, {"bm=128"});
+}
+
+TEST_F(ComputeTest, AttentionPrefillFp32) {
+  CheckPrefill({DType::kF32, {63, 65}, 4, 1, 64, true}, 800, {""});
+  CheckPrefill({DType::kF32, {1, 100}, 8, 2, 128, false}, 803, {""});
+}
+
+struct DecodeCase {
+  DType dt;
+  std::vector<int64_t> lengths;
+  int64_t L, Hq, Hkv, D;
+};
+
+void CheckDecode(const DecodeCase& c, uint64_t seed, const std::vector<std::string>& configs) {
+  const int64_t B = c.lengths.size(), L = c.L, Hq = c.Hq, Hkv = c.Hkv, D = c.D, group = Hq / Hkv;
+  OpRequest r;
+  r.op = "attention_decode";
+  r.inputs["q"] = RandomTensor(c.dt, {B, Hq, D}, seed);
+  r.inputs["k_cache"] = RandomTensor(c.dt, {B, L, Hkv, D}, seed + 1);
+  r.inputs["v_cache"] = RandomTensor(c.dt, {B, L, Hkv, D}, seed + 2);
+  r.inputs["lengths"] = Ints(c.lengths);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  r.attrs["scale"] = static_cast<double>(scale);
+  const Vec q = r.in("q").ToFloat(), k = r.in("k_cache").ToFloat(), v = r.in("v_cache").ToFloat();
+  Vec ref(B * Hq * D), sp(B * Hq * D);
+  cpu::AttentionDecode(q.data(), k.data(), v.data(), c.lengths.data(), B, L, Hq, Hkv, D, scale, ref.data());
+  ParallelFor(B * Hq, [&](int64_t i) {
+    const int64_t b = i / Hq, h = i % Hq, kvh = h / group;
+    SamePrecisionOne(c.dt, &q[i * D], &k[(b * L * Hkv + kvh) * D], &v[(b * L * Hkv + kvh) * D], c.lengths[b],
+                     Hkv * D, D, scale, &sp[i * D]);
+  });
+  for (const std::string& config : configs) {
+    std::string lens;
+    for (int64_t l : c.lengths) lens += std::to_string(l) + ",";
+    ExpectAttentionClose(c.dt, RunOnGpu(r, config)["o"], sp, ref,
+                         std::string(DTypeName(c.dt)) + " lengths=" + lens + " L=" + std::to_string(L) +
+                             " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
+                             " D=" + std::to_string(D) + " config=[" + config + "]");
+  }
+}
+
+TEST_F(ComputeTest, AttentionDecodeMixedLengths) {
+  CheckDecode({DType::kBF16, {1, 17, 1000, 4097, 2500}, 4097, 8, 1, 128}, 900,
+              {"", "splits=1", "splits=7", "splits=64"});
+  CheckDecode({DType::kBF16, {64, 65, 300}, 300, 8, 2, 64}, 903, {"", "splits=1", "splits=3"});
+  CheckDecode({DType::kF16, {63, 1, 129}, 129, 4, 4, 128}, 906, {"", "splits=2"});
+  CheckDecode({DType::kF32, {100, 37}, 128, 8, 2, 128}, 909, {"", "splits=4"});
+  CheckDecode({DType::kF32, {5, 64}, 64, 3, 1, 64}, 912, {""});
+}
+
+TEST_F(ComputeTest, AttentionDecodeLongSingle) {
+  CheckDecode({DType::kBF16, {16384}, 16384, 32, 8, 128}, 950, {""});
+}
+
+// ---- through the backend ---------------------------------------------------------
+
+TEST_F(ComputeTest, BackendRunsComputeOps) {
+  auto backend = MakeCudaBackend(0, nullptr);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto cpu = MakeCpuBackend();
+  const OpRequest reqs[] = {
+      MakeRandomRequest("linear", DType::kBF16, {5, 96, 64}, 1),
+      MakeRandomRequest("swiglu_mlp", DType::kBF16, {9, 64, 160}, 2),
+      MakeRandomRequest("attention", DType::kBF16, {70, 4, 2, 64}, 3),
+      MakeRandomRequest("attention_decode", DType::kBF16, {2, 300, 4, 2, 128}, 4),
+  };
+  for (const OpRequest& r : reqs) {
+    auto got = (*backend)->Run(r);
+    auto want = cpu->Run(r);
+    ASSERT_TRUE(got.ok()) << r.op << ": " << got.status();
+    ASSERT_TRUE(want.ok()) << r.op << ": " << want.status();
+    for (const auto& [name, t] : *want) {
+      EXPECT_LT(RelL2(got->at(name).ToFloat(), t.ToFloat()), 1.5e-2) << r.op << " " << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusedserve

@@ -98,29 +98,41 @@ int Copies(size_t set_bytes) {
   return static_cast<int>(std::clamp<size_t>((kRotateBytes + set_bytes - 1) / std::max<size_t>(set_bytes, 1), 1, 16));
 }
 
-// Median microseconds of fn(i) over kIters launches (i = iteration index, for rotation).
-double TimeUs(const std::function<void(int)>& fn, int iters = kIters) {
-  for (int i = 0; i < 3; ++i) fn(i);
+// Median microseconds of each fns[j](i) over `iters` rounds; the functions
+// run interleaved (round i runs every one of them), so clock and thermal drift
+// during a case affect all of them alike. i is the round, for input rotation.
+std::vector<double> TimeUs(const std::vector<std::function<void(int)>>& fns, int iters = kIters) {
+  const size_t n = fns.size();
+  for (int i = 0; i < 2; ++i) {
+    for (auto& f : fns) f(i);
+  }
   BENCH_CHECK(cudaStreamSynchronize(g_stream));
-  std::vector<cudaEvent_t> ev(2 * iters);
+  std::vector<cudaEvent_t> ev(2 * iters * n);
   for (auto& e : ev) BENCH_CHECK(cudaEventCreate(&e));
   for (int i = 0; i < iters; ++i) {
-    BENCH_CHECK(cudaEventRecord(ev[2 * i], g_stream));
-    fn(i);
-    BENCH_CHECK(cudaEventRecord(ev[2 * i + 1], g_stream));
+    for (size_t j = 0; j < n; ++j) {
+      BENCH_CHECK(cudaEventRecord(ev[2 * (i * n + j)], g_stream));
+      fns[j](i);
+      BENCH_CHECK(cudaEventRecord(ev[2 * (i * n + j) + 1], g_stream));
+    }
   }
   BENCH_CHECK(cudaStreamSynchronize(g_stream));
   BENCH_CHECK(cudaGetLastError());
-  std::vector<double> t(iters);
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1e3;
+  std::vector<double> med(n);
+  for (size_t j = 0; j < n; ++j) {
+    std::vector<double> t(iters);
+    for (int i = 0; i < iters; ++i) {
+      float ms = 0;
+      BENCH_CHECK(cudaEventElapsedTime(&ms, ev[2 * (i * n + j)], ev[2 * (i * n + j) + 1]));
+      t[i] = ms * 1e3;
+    }
+    std::sort(t.begin(), t.end());
+    med[j] = t[iters / 2];
   }
   for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  return t[iters / 2];
+  return med;
 }
+double TimeUs(const std::function<void(int)>& fn, int iters = kIters) { return TimeUs(std::vector{fn}, iters)[0]; }
 
 // ---- plain cuBLASLt, written independently of kernels/cuda/gemm.cc ----------
 class PlainLt {
@@ -274,23 +286,27 @@ void LinearGelu(PlainLt& lt, int64_t M, double peer_us) {
   host.op = "linear";
   host.inputs = {{"x", Shape({M, K})}, {"weight", Shape({N, K})}, {"bias", Shape({N})}};
   host.attrs = {{"activation", std::string("gelu_tanh")}};
-  auto run = [&](const std::string& cfg) {
-    return TimeUs([&](int i) {
+  auto op = [&](const std::string& cfg) {
+    return [&, cfg](int i) {
       const int c = i % copies;
       RunOp(host, {{"x", Dev({M, K}, xs[c])}, {"weight", Dev({N, K}, ws[c])}, {"bias", Dev({N}, bs[c])}},
             {{"y", Dev({M, N}, ys[c])}}, cfg);
-    });
+    };
   };
-  const double base = TimeUs([&](int i) {
-    const int c = i % copies;
-    lt.Gemm(M, N, K, xs[c], ws[c], bs[c], ys[c], CUBLASLT_EPILOGUE_GELU_BIAS);
-  });
-  const double ours = run("");
+  const std::vector<std::string> cands = ComputeCandidates("linear", DType::kBF16, {M, N, K});
+  std::vector<std::function<void(int)>> fns = {[&](int i) {
+                                                 const int c = i % copies;
+                                                 lt.Gemm(M, N, K, xs[c], ws[c], bs[c], ys[c],
+                                                         CUBLASLT_EPILOGUE_GELU_BIAS);
+                                               },
+                                               op("")};
+  for (const std::string& cfg : cands) fns.push_back(op(cfg));
+  const std::vector<double> t = TimeUs(fns);
+  const double base = t[0], ours = t[1];
   double best = ours;
   std::string best_cfg = "default";
-  for (const std::string& cfg : ComputeCandidates("linear", DType::kBF16, {M, N, K})) {
-    const double t = run(cfg);
-    if (t < best) best = t, best_cfg = cfg;
+  for (size_t j = 0; j < cands.size(); ++j) {
+    if (t[2 + j] < best) best = t[2 + j], best_cfg = cands[j];
   }
   const double flops = 2.0 * M * N * K, bytes = static_cast<double>(set);
   const bool bw = M < 256;  // weight-streaming regime: report bandwidth
@@ -326,25 +342,30 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
   OpRequest host;
   host.op = "swiglu_mlp";
   host.inputs = {{"x", Shape({M, D})}, {"gate_up", Shape({2 * I, D})}, {"down", Shape({D, I})}};
-  auto run = [&](const std::string& cfg) {
-    return TimeUs([&](int i) {
+  auto op = [&](const std::string& cfg) {
+    return [&, cfg](int i) {
       const int c = i % copies;
       RunOp(host, {{"x", Dev({M, D}, xs[c])}, {"gate_up", Dev({2 * I, D}, gus[c])}, {"down", Dev({D, I}, downs[c])}},
             {{"y", Dev({M, D}, ys[c])}}, cfg);
-    });
+    };
   };
   // The ceiling for this op: its two plain GEMMs alone, back to back.
-  const double gemms = TimeUs([&](int i) {
-    const int c = i % copies;
-    lt.Gemm(M, 2 * I, D, xs[c], gus[c], nullptr, inter, CUBLASLT_EPILOGUE_DEFAULT);
-    lt.Gemm(M, D, I, h, downs[c], nullptr, ys[c], CUBLASLT_EPILOGUE_DEFAULT);
-  });
-  const double ours = run("");
+  const std::vector<std::string> cands = ComputeCandidates("swiglu_mlp", DType::kBF16, {M, D, I});
+  std::vector<std::function<void(int)>> fns = {[&](int i) {
+                                                 const int c = i % copies;
+                                                 lt.Gemm(M, 2 * I, D, xs[c], gus[c], nullptr, inter,
+                                                         CUBLASLT_EPILOGUE_DEFAULT);
+                                                 lt.Gemm(M, D, I, h, downs[c], nullptr, ys[c],
+                                                         CUBLASLT_EPILOGUE_DEFAULT);
+                                               },
+                                               op("")};
+  for (const std::string& cfg : cands) fns.push_back(op(cfg));
+  const std::vector<double> t = TimeUs(fns);
+  const double gemms = t[0], ours = t[1];
   double best = ours;
   std::string best_cfg = "default";
-  for (const std::string& cfg : ComputeCandidates("swiglu_mlp", DType::kBF16, {M, D, I})) {
-    const double t = run(cfg);
-    if (t < best) best = t, best_cfg = cfg;
+  for (size_t j = 0; j < cands.size(); ++j) {
+    if (t[2 + j] < best) best = t[2 + j], best_cfg = cands[j];
   }
   const double flops = 2.0 * M * D * 2 * I + 2.0 * M * I * D;
   const bool bw = M < 256;
@@ -386,27 +407,31 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
   host.inputs = {{"q", Shape({T, Hq, D})}, {"k", Shape({T, Hkv, D})}, {"v", Shape({T, Hkv, D})},
                  {"seq_lens", HostTensor::FromInt64(DType::kI64, {B}, lens)}};
   host.attrs = {{"causal", true}, {"scale", 1.0 / std::sqrt(128.0)}};
-  auto run = [&](const std::string& cfg) {
-    return TimeUs([&](int i) {
+  auto op = [&](const std::string& cfg) {
+    return [&, cfg](int i) {
       const int c = i % copies;
       RunOp(host,
             {{"q", Dev({T, Hq, D}, qs[c])}, {"k", Dev({T, Hkv, D}, ks[c])}, {"v", Dev({T, Hkv, D}, vs[c])},
              {"seq_lens", Dev({B}, dlens, DType::kI32)}},
             {{"o", Dev({T, Hq, D}, os[c])}}, cfg);
-    });
+    };
   };
   const double flops = 2.0 * B * Hq * S * S * D;
   const std::string shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " Hq=32 Hkv=8 D=128";
   auto tf = [&](double us) { return flops / (us * 1e-6) / 1e12; };
-  const double ours = run("");
+  const std::vector<std::string> cands = ComputeCandidates("attention", DType::kBF16, {T, Hq, Hkv, D});
+  std::vector<std::function<void(int)>> fns = {op("")};
+  for (const std::string& cfg : cands) fns.push_back(op(cfg));
+  const std::vector<double> t = TimeUs(fns, S >= 8192 ? 10 : kIters);
+  const double ours = t[0];
   Add({"5", "attn_prefill", shape, "ours (default)", ours, tf(ours), "TFLOP/s", 100.0 * tf(ours) / g_gemm_tflops,
        Fmt("%.2fx FA2", fa2_us / ours) + Fmt(", %.2fx cuDNN", cudnn_us / ours)},
       {{"fa2_us", fa2_us}, {"cudnn_us", cudnn_us}});
-  for (const std::string& cfg : ComputeCandidates("attention", DType::kBF16, {T, Hq, Hkv, D})) {
-    const double t = run(cfg);
-    Add({"5", "attn_prefill", shape, "ours (" + cfg + ")", t, tf(t), "TFLOP/s", 100.0 * tf(t) / g_gemm_tflops,
-         Fmt("%.2fx FA2", fa2_us / t) + Fmt(", %.2fx cuDNN", cudnn_us / t)},
-        {{"config", cfg}});
+  for (size_t j = 0; j < cands.size(); ++j) {
+    const double u = t[1 + j];
+    Add({"5", "attn_prefill", shape, "ours (" + cands[j] + ")", u, tf(u), "TFLOP/s", 100.0 * tf(u) / g_gemm_tflops,
+         Fmt("%.2fx FA2", fa2_us / u) + Fmt(", %.2fx cuDNN", cudnn_us / u)},
+        {{"config", cands[j]}});
   }
   FreeAll();
 }
@@ -432,27 +457,30 @@ void Decode(int64_t B, int64_t L, double cudnn_us) {
   host.inputs = {{"q", Shape({B, Hq, D})}, {"k_cache", Shape({B, L, Hkv, D})}, {"v_cache", Shape({B, L, Hkv, D})},
                  {"lengths", HostTensor::FromInt64(DType::kI64, {B}, lens)}};
   host.attrs = {{"scale", 1.0 / std::sqrt(128.0)}};
-  auto run = [&](const std::string& cfg) {
-    return TimeUs([&](int i) {
+  auto op = [&](const std::string& cfg) {
+    return [&, cfg](int i) {
       const int c = i % copies;
       RunOp(host,
             {{"q", Dev({B, Hq, D}, qs[c])}, {"k_cache", Dev({B, L, Hkv, D}, ks[c])},
              {"v_cache", Dev({B, L, Hkv, D}, vs[c])}, {"lengths", Dev({B}, dlens, DType::kI32)}},
             {{"o", Dev({B, Hq, D}, os[c])}}, cfg);
-    });
+    };
   };
   const double bytes = static_cast<double>(set);
   const std::string shape = "B=" + std::to_string(B) + " L=" + std::to_string(L) + " Hq=32 Hkv=8 D=128";
   auto gbs = [&](double us) { return bytes / (us * 1e-6) / 1e9; };
-  const double ours = run("");
+  const std::vector<std::string> cands = ComputeCandidates("attention_decode", DType::kBF16, {B, L, Hq, Hkv, D});
+  std::vector<std::function<void(int)>> fns = {op("")};
+  for (const std::string& cfg : cands) fns.push_back(op(cfg));
+  const std::vector<double> t = TimeUs(fns);
+  const double ours = t[0];
   Add({"5", "attn_decode", shape, "ours (default)", ours, gbs(ours), "GB/s", 100.0 * gbs(ours) / g_copy_gbs,
        Fmt("%.2fx cuDNN", cudnn_us / ours)},
       {{"cudnn_us", cudnn_us}});
   double best = ours;
   std::string best_cfg = "default";
-  for (const std::string& cfg : ComputeCandidates("attention_decode", DType::kBF16, {B, L, Hq, Hkv, D})) {
-    const double t = run(cfg);
-    if (t < best) best = t, best_cfg = cfg;
+  for (size_t j = 0; j < cands.size(); ++j) {
+    if (t[1 + j] < best) best = t[1 + j], best_cfg = cands[j];
   }
   Add({"5", "attn_decode", shape, "ours (tuned " + best_cfg + ")", best, gbs(best), "GB/s",
        100.0 * gbs(best) / g_copy_gbs, Fmt("%.2fx cuDNN", cudnn_us / best)},

@@ -1,7 +1,9 @@
 // Attention kernels (see attention.h). Kernel versions:
-//   FlashFwdKernel (prefill, bf16/fp16): a CTA owns kWarps*16 query rows of
-//     one (sequence, q head); each warp keeps its 16 rows of Q as mma A
-//     fragments in registers, streams 64-key K/V tiles (double-buffered
+//   FlashFwdKernel (prefill, bf16/fp16): a CTA owns kWarps*16*kMTiles query
+//     rows of one (sequence, q head); with one m-tile per warp Q stays in
+//     registers as mma A fragments, with two it is re-read from shared memory
+//     and each K/V fragment feeds two MMAs (half the ldmatrix traffic per
+//     MMA, the FlashAttention-2 layout). It streams 64-key K/V tiles (double-buffered
 //     cp.async into XOR-swizzled shared memory, ldmatrix out of it), computes
 //     S = Q K^T with mma.sync m16n8k16 (fp32 accumulators), applies the causal
 //     / length mask only on tiles that need it, does the online softmax in
@@ -86,19 +88,24 @@ struct FlashParams {
   bool causal;
 };
 
-template <typename T, int kHeadDim, int kWarps>
+template <typename T, int kHeadDim, int kWarps, int kMTiles>
 struct FlashTraits {
-  static constexpr int kBlockM = kWarps * 16;  // query rows per CTA (16 per warp)
-  static constexpr int kBlockN = 64;           // keys per tile
+  static constexpr int kWarpRows = 16 * kMTiles;       // query rows per warp
+  static constexpr int kBlockM = kWarps * kWarpRows;   // query rows per CTA
+  static constexpr int kBlockN = 64;                   // keys per tile
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kQElems = kBlockM * kHeadDim;
   static constexpr int kKVElems = kBlockN * kHeadDim;
   // Q, then K and V with two stages each.
   static constexpr int kSmemBytes = (kQElems + 4 * kKVElems) * static_cast<int>(sizeof(T));
+  // One m-tile per warp: Q lives in registers (32 regs at D=128). Two: the
+  // accumulators need the registers, Q is re-read from shared memory.
+  static constexpr bool kQInRegs = kMTiles == 1;
   static_assert(sizeof(T) == 2, "tensor-core path is 16-bit only");
   static_assert(kChunks % 8 == 0, "the XOR swizzle needs rows of a multiple of 128 bytes");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "mma tiles");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows, kChunks*8]
@@ -178,9 +185,9 @@ __device__ __forceinline__ void LoadTile(T* __restrict__ smem, const T* __restri
   }
 }
 
-template <typename T, int kHeadDim, int kWarps>
+template <typename T, int kHeadDim, int kWarps, int kMTiles>
 __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) {
-  using Tr = FlashTraits<T, kHeadDim, kWarps>;
+  using Tr = FlashTraits<T, kHeadDim, kWarps, kMTiles>;
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kChunks = Tr::kChunks;
   constexpr int kDTiles = kHeadDim / 8;   // n8 tiles of O
   constexpr int kNTiles = kBlockN / 8;    // n8 tiles of S
@@ -215,21 +222,31 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
   __syncthreads();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // Q fragments: rows warp*16 + (lane % 16), chunk 2*kk + lane / 16.
-  uint32_t qf[kDSteps][4];
+  const int warp_row0 = warp * Tr::kWarpRows;  // first row of this warp within the block
+  // Q fragments (one m-tile per warp): rows warp_row0 + (lane % 16), chunk 2*kk + lane / 16.
+  uint32_t qf[Tr::kQInRegs ? kDSteps : 1][4];
+  if constexpr (Tr::kQInRegs) {
 #pragma unroll
-  for (int kk = 0; kk < kDSteps; ++kk) {
-    LdMatrixX4(qf[kk], sQ + SwizzledOffset<kChunks>(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+    for (int kk = 0; kk < kDSteps; ++kk) {
+      LdMatrixX4(qf[kk], sQ + SwizzledOffset<kChunks>(warp_row0 + (lane & 15), 2 * kk + (lane >> 4)));
+    }
   }
 
-  float o[kDTiles][4];
+  float o[kMTiles][kDTiles][4];
 #pragma unroll
-  for (int i = 0; i < kDTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // in log2 units (scores * scale_log2)
-  float row_sum[2] = {0.0f, 0.0f};            // this thread's columns only
-  const int warp_row_min = m_block * kBlockM + warp * 16;
-  const int warp_row_max = warp_row_min + 15;
-  const int row_a = warp_row_min + (lane >> 2);  // rows row_a and row_a + 8
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kDTiles; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+  }
+  float row_max[kMTiles][2], row_sum[kMTiles][2];  // max in log2 units; sum over this thread's columns
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+  }
+  const int warp_row_min = m_block * kBlockM + warp_row0;
+  const int warp_row_max = warp_row_min + Tr::kWarpRows - 1;
+  const int row_a = warp_row_min + (lane >> 2);  // m-tile mt: rows row_a + 16 mt and + 8
   const float scale_log2 = p.scale_log2;
 
   for (int nb = 0; nb < n_blocks; ++nb) {
@@ -245,72 +262,100 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
     if (!(p.causal && key0 > warp_row_max)) {  // else every key of the tile is masked for this warp
       const T* k_tile = sK + stage * Tr::kKVElems;
       const T* v_tile = sV + stage * Tr::kKVElems;
-      float s[kNTiles][4];
+      float s[kMTiles][kNTiles][4];
 #pragma unroll
-      for (int i = 0; i < kNTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int i = 0; i < kNTiles; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+      }
 #pragma unroll
       for (int kk = 0; kk < kDSteps; ++kk) {
+        uint32_t qa[kMTiles][4];
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[0][i] = qf[kk][i];
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            LdMatrixX4(qa[mt], sQ + SwizzledOffset<kChunks>(warp_row0 + mt * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+          }
+        }
 #pragma unroll
         for (int np = 0; np < kNTiles / 2; ++np) {
           uint32_t kb[4];
           LdMatrixX4(kb, k_tile + SwizzledOffset<kChunks>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
                                                           2 * kk + ((lane >> 3) & 1)));
-          Mma16816<T>(s[2 * np], qf[kk], kb[0], kb[1]);
-          Mma16816<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            Mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+            Mma16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
         }
       }
       // Mask keys past the sequence and, for causal, keys after the query.
       if (key0 + kBlockN > seqlen || (p.causal && key0 + kBlockN - 1 > warp_row_min)) {
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
+        for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-            const int row = row_a + (e >> 1) * 8;
-            if (col >= seqlen || (p.causal && col > row)) s[nt][e] = -INFINITY;
+          for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+              const int row = row_a + mt * 16 + (e >> 1) * 8;
+              if (col >= seqlen || (p.causal && col > row)) s[mt][nt][e] = -INFINITY;
+            }
           }
         }
       }
       // Online softmax; each row's 64 columns are spread over a quad of lanes.
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float mx = -INFINITY;
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * half], s[nt][2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(row_max[half], mx * scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
-        const float alpha = FastExp2(row_max[half] - m_use);
-        row_max[half] = m_new;
-        float sum = 0.0f;
+        for (int half = 0; half < 2; ++half) {
+          float mx = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          s[nt][2 * half] = FastExp2(fmaf(s[nt][2 * half], scale_log2, -m_use));
-          s[nt][2 * half + 1] = FastExp2(fmaf(s[nt][2 * half + 1], scale_log2, -m_use));
-          sum += s[nt][2 * half] + s[nt][2 * half + 1];
-        }
-        row_sum[half] = row_sum[half] * alpha + sum;
+          for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(row_max[mt][half], mx * scale_log2);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
+          const float alpha = FastExp2(row_max[mt][half] - m_use);
+          row_max[mt][half] = m_new;
+          float sum = 0.0f;
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o[dt][2 * half] *= alpha;
-          o[dt][2 * half + 1] *= alpha;
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            s[mt][nt][2 * half] = FastExp2(fmaf(s[mt][nt][2 * half], scale_log2, -m_use));
+            s[mt][nt][2 * half + 1] = FastExp2(fmaf(s[mt][nt][2 * half + 1], scale_log2, -m_use));
+            sum += s[mt][nt][2 * half] + s[mt][nt][2 * half + 1];
+          }
+          row_sum[mt][half] = row_sum[mt][half] * alpha + sum;
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o[mt][dt][2 * half] *= alpha;
+            o[mt][dt][2 * half + 1] *= alpha;
+          }
         }
       }
       // O += P V: the S accumulators of n-tiles 2j, 2j+1 are the A fragment of k-step j.
 #pragma unroll
       for (int j = 0; j < kBlockN / 16; ++j) {
-        uint32_t pa[4];
-        pa[0] = Pack2<T>(s[2 * j][0], s[2 * j][1]);
-        pa[1] = Pack2<T>(s[2 * j][2], s[2 * j][3]);
-        pa[2] = Pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
-        pa[3] = Pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+        uint32_t pa[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          pa[mt][0] = Pack2<T>(s[mt][2 * j][0], s[mt][2 * j][1]);
+          pa[mt][1] = Pack2<T>(s[mt][2 * j][2], s[mt][2 * j][3]);
+          pa[mt][2] = Pack2<T>(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+          pa[mt][3] = Pack2<T>(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
           uint32_t vb[4];
           LdMatrixX4Trans(vb, v_tile + SwizzledOffset<kChunks>(j * 16 + (lane & 15), 2 * dp + (lane >> 4)));
-          Mma16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-          Mma16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            Mma16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+            Mma16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          }
         }
       }
     }
@@ -320,26 +365,30 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
 
   // Normalize and store (rows past the sequence are not written).
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int row = row_a + half * 8;
-    if (row < seqlen) {
-      T* out = gO + row * q_stride + 2 * (lane & 3);
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        *reinterpret_cast<uint32_t*>(out + dt * 8) = Pack2<T>(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+    for (int half = 0; half < 2; ++half) {
+      float sum = row_sum[mt][half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int row = row_a + mt * 16 + half * 8;
+      if (row < seqlen) {
+        T* out = gO + row * q_stride + 2 * (lane & 3);
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          *reinterpret_cast<uint32_t*>(out + dt * 8) =
+              Pack2<T>(o[mt][dt][2 * half] * inv, o[mt][dt][2 * half + 1] * inv);
+        }
       }
     }
   }
 }
 
-template <typename T, int kHeadDim, int kWarps>
+template <typename T, int kHeadDim, int kWarps, int kMTiles>
 CudaStatus LaunchFlash(const AttentionArgs& a, cudaStream_t stream) {
-  using Tr = FlashTraits<T, kHeadDim, kWarps>;
-  auto kernel = FlashFwdKernel<T, kHeadDim, kWarps>;
+  using Tr = FlashTraits<T, kHeadDim, kWarps, kMTiles>;
+  auto kernel = FlashFwdKernel<T, kHeadDim, kWarps, kMTiles>;
   if (CudaStatus s = FS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
       !s.ok())
@@ -350,12 +399,19 @@ CudaStatus LaunchFlash(const AttentionArgs& a, cudaStream_t stream) {
   return FS_CUDA_CHECK_LAUNCH();
 }
 
+template <typename T, int kHeadDim>
+CudaStatus LaunchFlashHD(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
+  if (block_m == 128 && warps == 4) return LaunchFlash<T, kHeadDim, 4, 2>(a, stream);
+  if (block_m == 64 && warps == 4) return LaunchFlash<T, kHeadDim, 4, 1>(a, stream);
+  if (block_m == 128 && warps == 8) return LaunchFlash<T, kHeadDim, 8, 1>(a, stream);
+  return CudaStatus::Error("attention: no prefill kernel with " + std::to_string(block_m) + " rows and " +
+                           std::to_string(warps) + " warps");
+}
+
 template <typename T>
-CudaStatus LaunchFlashDtype(const AttentionArgs& a, int block_m, cudaStream_t stream) {
-  if (a.D == 128) {
-    return block_m == 64 ? LaunchFlash<T, 128, 4>(a, stream) : LaunchFlash<T, 128, 8>(a, stream);
-  }
-  return block_m == 64 ? LaunchFlash<T, 64, 4>(a, stream) : LaunchFlash<T, 64, 8>(a, stream);
+CudaStatus LaunchFlashDtype(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
+  return a.D == 128 ? LaunchFlashHD<T, 128>(a, block_m, warps, stream)
+                    : LaunchFlashHD<T, 64>(a, block_m, warps, stream);
 }
 
 // ============================================================================
@@ -363,7 +419,7 @@ CudaStatus LaunchFlashDtype(const AttentionArgs& a, int block_m, cudaStream_t st
 // ============================================================================
 
 constexpr int kSimtWarps = 4;
-constexpr int kMinKeysPerSplit = 256;
+constexpr int kMinKeysPerSplit = 64;
 
 struct SimtParams {
   const void* q;  // decode [B,Hq,D]; prefill [T,Hq,D]
@@ -503,6 +559,8 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
       }
     }
   }
+  // The combine kernel (if any) may start launching; it waits for this grid to finish.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   // Merge the key slots of the warp (same max across the warp), then the warps.
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
@@ -549,35 +607,46 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
   }
 }
 
-// One warp per (query, head): merges the splits' partial results.
+constexpr int kMaxSplits = 1024;
+constexpr int kCombineThreads = 128;
+
+// One CTA per (query, head): merges the splits' partial results. Launched
+// with programmatic dependent launch, so its launch overlaps the tail of the
+// split kernel; griddepcontrol.wait holds it until the partials are written.
 template <typename T>
-__global__ void CombineSplitsKernel(const float* __restrict__ part_o,   // [rows,splits,D]
-                                    const float* __restrict__ part_ml,  // [rows,splits,2]
-                                    T* __restrict__ o,                  // [rows,D]
-                                    int rows, int splits, int D) {
-  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;
-  const float* ml = part_ml + static_cast<int64_t>(row) * splits * 2;
-  float mx = -INFINITY;
-  for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
+__global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(
+    const float* __restrict__ part_o,   // [rows,splits,D]
+    const float* __restrict__ part_ml,  // [rows,splits,2]
+    T* __restrict__ o,                  // [rows,D]
+    int splits, int D) {
+  __shared__ float s_w[kMaxSplits];
+  __shared__ float s_inv;
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const int64_t row = blockIdx.x;
+  const float* ml = part_ml + row * splits * 2;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float mx = -INFINITY;
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, ml[2 * s]);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float sum = 0.0f;
-  if (mx != -INFINITY) {
-    for (int s = lane; s < splits; s += 32) sum += FastExp2(ml[2 * s] - mx) * ml[2 * s + 1];
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  for (int d = lane; d < D; d += 32) {
-    float out = 0.0f;
-    if (mx != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        out += FastExp2(ml[2 * s] - mx) * part_o[(static_cast<int64_t>(row) * splits + s) * D + d];
-      }
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float sum = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float w = mx == -INFINITY ? 0.0f : FastExp2(ml[2 * s] - mx);
+      s_w[s] = w;
+      sum += w * ml[2 * s + 1];
     }
-    o[static_cast<int64_t>(row) * D + d] = FromF<T>(out * inv);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) s_inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  const float* po = part_o + row * splits * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) acc = fmaf(s_w[s], po[s * D + d], acc);
+    o[row * D + d] = FromF<T>(acc * s_inv);
   }
 }
 
@@ -598,11 +667,19 @@ CudaStatus LaunchSimtHD(const SimtParams& p, int queries, int G, cudaStream_t st
   }
   if (CudaStatus s = FS_CUDA_CHECK_LAUNCH(); !s.ok()) return s;
   if (p.splits > 1) {
-    const int rows = queries * p.Hq;
-    constexpr int kWarpsPerBlock = 4;
-    CombineSplitsKernel<T><<<(rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
-        p.part_o, p.part_ml, static_cast<T*>(p.o), rows, p.splits, kHeadDim);
-    return FS_CUDA_CHECK_LAUNCH();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(queries * p.Hq);
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (CudaStatus s = FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, CombineSplitsKernel<T>, p.part_o, p.part_ml,
+                                                        static_cast<T*>(p.o), p.splits, kHeadDim));
+        !s.ok())
+      return s;
   }
   return CudaStatus::Ok();
 }
@@ -629,7 +706,7 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
 
-CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, cudaStream_t stream) {
+CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
   if (!AttentionHeadDimSupported(a.D)) {
     return CudaStatus::Error("attention: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
@@ -640,8 +717,8 @@ CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, cudaStrea
   }
   if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
   switch (a.dtype) {
-    case DType::kBF16: return LaunchFlashDtype<__nv_bfloat16>(a, block_m, stream);
-    case DType::kF16: return LaunchFlashDtype<__half>(a, block_m, stream);
+    case DType::kBF16: return LaunchFlashDtype<__nv_bfloat16>(a, block_m, warps, stream);
+    case DType::kF16: return LaunchFlashDtype<__half>(a, block_m, warps, stream);
     case DType::kF32: {
       SimtParams p{a.q, a.k, a.v, a.o, nullptr, nullptr, a.seq_lens, 0, a.Hq, a.Hkv, a.Hq / a.Hkv,
                    1, a.max_seqlen, a.scale * kLog2e, true, a.causal};
@@ -658,7 +735,7 @@ int DecodeDefaultSplits(DType dtype, int B, int L, int Hq, int Hkv, int D, int s
   const int base = B * (Hq / HeadsPerCta(Hq / Hkv));
   int splits = std::max(1, slots / std::max(1, base));
   splits = std::min(splits, std::max(1, L / kMinKeysPerSplit));
-  return std::min(splits, 1024);
+  return std::min(splits, kMaxSplits);
 }
 
 size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits) {
@@ -675,7 +752,7 @@ CudaStatus LaunchAttentionDecode(const DecodeArgs& a, int splits, void* workspac
   if (!Aligned16(a.q) || !Aligned16(a.k_cache) || !Aligned16(a.v_cache)) {
     return CudaStatus::Error("attention_decode: q, k_cache, v_cache must be 16-byte aligned");
   }
-  splits = std::max(1, splits);
+  splits = std::max(1, std::min(splits, kMaxSplits));
   if (a.L > 0) splits = std::min(splits, a.L);
   if (splits > 1 && workspace == nullptr) return CudaStatus::Error("attention_decode: no workspace for splits");
   const int keys_per_split = a.L <= 0 ? 1 : (a.L + splits - 1) / splits;

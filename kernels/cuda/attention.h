@@ -35,10 +35,12 @@ struct AttentionArgs {
 // Head dims the kernels are built for.
 bool AttentionHeadDimSupported(int D);
 
-// Candidate configs for prefill; the first is the default.
-//   "bm=128": 8 warps x 16 query rows, 64-key tiles (the default)
-//   "bm=64":  4 warps x 16 query rows, 64-key tiles (more CTAs for short sequences)
-CudaStatus LaunchAttentionPrefill(const AttentionArgs& args, int block_m, cudaStream_t stream);
+// Prefill kernel shapes (query rows per CTA, warps per CTA), 64-key tiles:
+//   (128, 4): 32 rows per warp, each K/V fragment feeds two MMAs
+//   (64, 4):  16 rows per warp, Q fragments kept in registers
+//   (128, 8): 16 rows per warp, Q in registers
+// Any other pair is an error.
+CudaStatus LaunchAttentionPrefill(const AttentionArgs& args, int block_m, int warps, cudaStream_t stream);
 
 struct DecodeArgs {
   DType dtype = DType::kBF16;
@@ -53,7 +55,7 @@ struct DecodeArgs {
 
 // Splits along L for a decode problem: as many CTAs as fit on the GPU at
 // once (one wave: every CTA streams at the same rate, so none finishes late),
-// each split at least 256 keys long.
+// each split at least 64 keys long.
 int DecodeDefaultSplits(DType dtype, int B, int L, int Hq, int Hkv, int D, int sm_count);
 // Scratch bytes the decode kernel needs for `splits` (0 when splits == 1).
 size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits);

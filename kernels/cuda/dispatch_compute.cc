@@ -4,7 +4,7 @@
 // and the host copies of seq_lens (for the longest sequence). Configs:
 //   linear            "algo=i" (i-th cuBLASLt heuristic algorithm) | "gemv"
 //   swiglu_mlp        "path=gemm" (cuBLASLt, SwiGLU kernel, cuBLASLt) | "path=gemv"
-//   attention         "bm=128" | "bm=64" (query rows per CTA)
+//   attention         "bm=128,w=4" | "bm=64,w=4" | "bm=128,w=8" (query rows, warps per CTA)
 //   attention_decode  "splits=auto" | "splits=N" (KV-length splits)
 // An empty config means the built-in rule for the shape; a config that cannot
 // apply to a shape (GEMV for large M, say) falls back to that rule.
@@ -151,13 +151,17 @@ CudaStatus RunAttention(const OpRequest& host, const DeviceTensorMap& in, const 
   for (int64_t l : lens) a.max_seqlen = std::max<int>(a.max_seqlen, static_cast<int>(l));
   a.causal = host.b("causal");
   a.scale = ScaleOf(host, a.D);
-  int block_m = ParseInt(ConfigValue(Config(ctx, host, a.dtype), "bm"), 0);
-  if (block_m != 64 && block_m != 128) {
+  const std::string config = Config(ctx, host, a.dtype);
+  int block_m = ParseInt(ConfigValue(config, "bm"), 0);
+  int warps = ParseInt(ConfigValue(config, "w"), 4);
+  const bool known = (block_m == 128 && (warps == 4 || warps == 8)) || (block_m == 64 && warps == 4);
+  if (!known) {
     // Short sequences: 64-row CTAs when 128-row ones would not give every SM two.
     const int64_t ctas128 = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;
     block_m = ctas128 < 2 * std::max(1, ctx.sm_count) ? 64 : 128;
+    warps = 4;
   }
-  return LaunchAttentionPrefill(a, block_m, ctx.stream);
+  return LaunchAttentionPrefill(a, block_m, warps, ctx.stream);
 }
 
 CudaStatus RunAttentionDecode(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
@@ -218,8 +222,8 @@ std::vector<std::string> ComputeCandidates(const std::string& op, DType dtype, c
     return c;
   }
   if (op == "attention") {
-    if (dtype == DType::kF32) return {"bm=128"};  // the fp32 path has no block size
-    return {"bm=128", "bm=64"};
+    if (dtype == DType::kF32) return {"bm=128,w=4"};  // the fp32 path has no block size
+    return {"bm=128,w=4", "bm=64,w=4", "bm=128,w=8"};
   }
   if (op == "attention_decode" && key.size() == 5) {
     std::vector<std::string> c = {"splits=auto"};

@@ -374,22 +374,23 @@ TEST_F(ComputeTest, AttentionPrefillTileEdges) {
   for (int64_t S : {1, 63, 65, 1000}) {
     for (auto [Hq, Hkv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {8, 1}}) {
       for (int64_t D : {64, 128}) {
-        CheckPrefill({DType::kBF16, {S}, Hq, Hkv, D, true}, seed += 3, {"bm=128", "bm=64"});
+        CheckPrefill({DType::kBF16, {S}, Hq, Hkv, D, true}, seed += 3,
+                     {"bm=128,w=4", "bm=64,w=4", "bm=128,w=8"});
       }
     }
   }
 }
 
 TEST_F(ComputeTest, AttentionPrefillLong) {
-  CheckPrefill({DType::kBF16, {4097}, 4, 1, 128, true}, 600, {"bm=128", "bm=64"});
+  CheckPrefill({DType::kBF16, {4097}, 4, 1, 128, true}, 600, {"bm=128,w=4", "bm=64,w=4", "bm=128,w=8"});
   CheckPrefill({DType::kF16, {4097}, 2, 1, 64, true}, 603, {""});
 }
 
 TEST_F(ComputeTest, AttentionPrefillVarlenAndFull) {
-  CheckPrefill({DType::kBF16, {1, 63, 65, 1000, 130}, 8, 2, 128, true}, 700, {"", "bm=64"});
-  CheckPrefill({DType::kBF16, {1, 63, 65, 1000, 130}, 8, 2, 128, false}, 703, {"", "bm=64"});
+  CheckPrefill({DType::kBF16, {1, 63, 65, 1000, 130}, 8, 2, 128, true}, 700, {"", "bm=64,w=4", "bm=128,w=8"});
+  CheckPrefill({DType::kBF16, {1, 63, 65, 1000, 130}, 8, 2, 128, false}, 703, {"", "bm=64,w=4", "bm=128,w=8"});
   CheckPrefill({DType::kF16, {65, 200}, 4, 4, 64, false}, 706, {""});
-  CheckPrefill({DType::kF16, {129, 7}, 8, 8, 128, true}, 709, {"bm=128"});
+  CheckPrefill({DType::kF16, {129, 7}, 8, 8, 128, true}, 709, {"bm=128,w=4"});
 }
 
 TEST_F(ComputeTest, AttentionPrefillFp32) {

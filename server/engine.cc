@@ -1,0 +1,341 @@
+// The generation engine's scheduler loop (see engine.h).
+#include "server/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/log.h"
+
+namespace fusedserve {
+
+struct Engine::Sequence {
+  GenerationRequest request;
+  std::shared_ptr<GenerationSink> sink;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int64_t prompt_len = 0;
+  int64_t generated = 0;
+  int64_t cached = 0;           // positions whose K/V are in the cache
+  std::vector<int32_t> blocks;  // block table
+  SamplerRng rng{0};
+  bool counted = false;  // prompt tokens already counted in the metrics
+  absl::Time first_token_time = absl::InfinitePast();
+  absl::Time last_token_time = absl::InfinitePast();
+};
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunner> runner, Metrics* metrics,
+                                                       EngineOptions o) {
+  if (runner == nullptr) return absl::InvalidArgumentError("engine needs a model runner");
+  if (o.kv_block_size <= 0) return absl::InvalidArgumentError("--kv_block_size must be positive");
+  if (o.max_running <= 0) return absl::InvalidArgumentError("--max_running must be positive");
+  if (o.max_waiting < 0) return absl::InvalidArgumentError("--max_waiting must be >= 0");
+  if (o.max_batched_tokens <= 0) return absl::InvalidArgumentError("--max_batched_tokens must be positive");
+  if (o.max_new_tokens_limit <= 0) return absl::InvalidArgumentError("--max_new_tokens_limit must be positive");
+  const ModelConfig& c = runner->config();
+  int64_t blocks = o.kv_cache_blocks;
+  if (blocks <= 0) {
+    blocks = std::max<int64_t>(1, o.kv_cache_bytes / runner->KvBytesPerBlock(o.kv_block_size));
+  }
+  if (blocks > (int64_t{1} << 30)) return absl::InvalidArgumentError("--kv_cache_blocks is too large");
+  const int64_t capacity = blocks * o.kv_block_size;
+  int64_t max_seq = o.max_seq_len > 0 ? o.max_seq_len : std::min<int64_t>(c.max_position, 8192);
+  if (max_seq > capacity) {
+    LogWarning(absl::StrCat("max sequence length ", max_seq, " capped to the KV cache capacity (", blocks,
+                            " blocks x ", o.kv_block_size, " = ", capacity, " positions)"));
+    max_seq = capacity;
+  }
+  if (max_seq < 2) return absl::InvalidArgumentError("the KV cache holds fewer than 2 positions");
+  o.max_seq_len = max_seq;
+  if (absl::Status s = runner->InitKvCache(blocks, o.kv_block_size); !s.ok()) return s;
+  std::unique_ptr<Engine> engine(new Engine(std::move(runner), metrics, o, blocks));
+  engine->UpdateGauges();
+  engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
+  return engine;
+}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, Metrics* metrics, EngineOptions options, int64_t num_blocks)
+    : runner_(std::move(runner)),
+      metrics_(metrics),
+      options_(options),
+      blocks_(num_blocks, options.kv_block_size) {}
+
+Engine::~Engine() { Shutdown(); }
+
+absl::Status Engine::Submit(GenerationRequest r, std::shared_ptr<GenerationSink> sink) {
+  const ModelConfig& c = config();
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt_token_ids: at least one token is required");
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", r.prompt[i],
+                                                     " is outside the vocabulary [0, ", c.vocab, ")"));
+    }
+  }
+  if (static_cast<int64_t>(r.prompt.size()) >= options_.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids: ", r.prompt.size(),
+                                                   " tokens leave no room to generate (max sequence length ",
+                                                   options_.max_seq_len, ")"));
+  }
+  if (r.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens must be >= 1 (got ", r.max_new_tokens, ")"));
+  }
+  r.max_new_tokens = std::min<int64_t>(r.max_new_tokens, options_.max_new_tokens_limit);
+  const SamplingParams& p = r.sampling;
+  if (!(p.temperature >= 0.0f) || p.temperature > 1e4f) {
+    return absl::InvalidArgumentError("temperature must be >= 0 (0 = greedy)");
+  }
+  if (p.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0 (got ", p.top_k, ")"));
+  if (!(p.top_p >= 0.0f && p.top_p <= 1.0f)) return absl::InvalidArgumentError("top_p must be in [0, 1]");
+  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
+    if (r.stop_token_ids[i] < 0 || r.stop_token_ids[i] >= c.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", r.stop_token_ids[i],
+                                                     " is outside the vocabulary [0, ", c.vocab, ")"));
+    }
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = r.prompt;
+  seq->prompt_len = static_cast<int64_t>(r.prompt.size());
+  seq->rng = SamplerRng(p.seed);
+  seq->sink = std::move(sink);
+  seq->request = std::move(r);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return absl::UnavailableError("server is shutting down");
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
+      return absl::ResourceExhaustedError(absl::StrCat("generation queue is full (", options_.max_waiting,
+                                                       " requests waiting); retry later"));
+    }
+    waiting_.push_back(std::move(seq));
+    if (metrics_ != nullptr) metrics_->requests_waiting().Set(static_cast<double>(waiting_.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::SubmitBlock(BlockTask task) {
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::UnavailableError("server is shutting down");
+  if (static_cast<int64_t>(block_tasks_.size()) >= std::max(options_.max_waiting, 1)) {
+    return absl::ResourceExhaustedError("TransformerBlock queue is full; retry later");
+  }
+  block_tasks_.push_back(std::move(task));
+  return absl::OkStatus();
+}
+
+void Engine::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+void Engine::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::UpdateGauges() {
+  if (metrics_ == nullptr) return;
+  metrics_->requests_running().Set(static_cast<double>(running_.size()));
+  metrics_->kv_cache_blocks_used().Set(static_cast<double>(blocks_.num_used()));
+  metrics_->kv_cache_blocks_total().Set(static_cast<double>(blocks_.num_blocks()));
+}
+
+void Engine::FinishSequence(Sequence& seq, const absl::Status& status) {
+  blocks_.Free(&seq.blocks);
+  GenerationResult r;
+  r.prompt_tokens = seq.prompt_len;
+  r.generated_tokens = seq.generated;
+  if (seq.generated > 0) {
+    r.time_to_first_token_s = absl::ToDoubleSeconds(seq.first_token_time - seq.request.arrival);
+    if (seq.generated > 1) {
+      r.time_per_output_token_s =
+          absl::ToDoubleSeconds(seq.last_token_time - seq.first_token_time) / static_cast<double>(seq.generated - 1);
+      if (metrics_ != nullptr && status.ok()) metrics_->time_per_output_token().Observe(r.time_per_output_token_s);
+    }
+  }
+  if (status.ok()) {
+    const int32_t last = seq.tokens.back();
+    const auto& stops = seq.request.stop_token_ids;
+    r.finish_reason =
+        std::find(stops.begin(), stops.end(), last) != stops.end() ? FinishReason::kStop : FinishReason::kLength;
+  }
+  seq.sink->OnFinish(status, r);
+}
+
+void Engine::Loop() {
+  while (true) {
+    std::deque<BlockTask> tasks;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || wake_ || !waiting_.empty() || !block_tasks_.empty() || !running_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stop_) break;
+      wake_ = false;
+      tasks.swap(block_tasks_);
+    }
+    for (BlockTask& t : tasks) {
+      if (t.cancelled && t.cancelled()) {
+        t.done(absl::CancelledError("TransformerBlock cancelled"));
+      } else if (absl::Now() > t.deadline) {
+        t.done(absl::DeadlineExceededError("deadline exceeded before TransformerBlock ran"));
+      } else {
+        absl::Status s = runner_->RunLayers(t.first_layer, t.num_layers, t.batch, t.seq_len, t.positions.data(),
+                                            t.hidden.data());
+        if (s.ok()) {
+          t.done(std::move(t.hidden));
+        } else {
+          t.done(s);
+        }
+      }
+    }
+    Step();
+  }
+  // Shutting down: fail whatever is left.
+  std::deque<std::unique_ptr<Sequence>> waiting;
+  std::deque<BlockTask> tasks;
+  {
+    absl::MutexLock lock(&mu_);
+    waiting.swap(waiting_);
+    tasks.swap(block_tasks_);
+  }
+  const absl::Status down = absl::UnavailableError("server is shutting down");
+  for (auto& seq : running_) FinishSequence(*seq, down);
+  running_.clear();
+  for (auto& seq : waiting) FinishSequence(*seq, down);
+  for (BlockTask& t : tasks) t.done(down);
+  UpdateGauges();
+  if (metrics_ != nullptr) metrics_->requests_waiting().Set(0);
+}
+
+void Engine::Step() {
+  const absl::Time now = absl::Now();
+  auto stop_reason = [now](Sequence& s) -> absl::Status {
+    if (s.sink->IsCancelled()) return absl::CancelledError("generation cancelled");
+    if (now > s.request.deadline) return absl::DeadlineExceededError("deadline exceeded during generation");
+    return absl::OkStatus();
+  };
+
+  // 1. Cancelled / past-deadline sequences leave, running or waiting.
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (absl::Status s = stop_reason(**it); !s.ok()) {
+      FinishSequence(**it, s);
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<std::pair<std::unique_ptr<Sequence>, absl::Status>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (absl::Status s = stop_reason(**it); !s.ok()) {
+        dropped.emplace_back(std::move(*it), s);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [seq, s] : dropped) FinishSequence(*seq, s);
+
+  // 2. Room for each running sequence's next position; when blocks run out,
+  // the newest sequence goes back to the head of the queue (its tokens are
+  // recomputed when it is readmitted; its sampler state is kept).
+  for (size_t i = 0; i < running_.size();) {
+    Sequence& s = *running_[i];
+    if (blocks_.EnsureCapacity(&s.blocks, static_cast<int64_t>(s.tokens.size()))) {
+      ++i;
+      continue;
+    }
+    std::unique_ptr<Sequence> victim = std::move(running_.back());
+    running_.pop_back();
+    blocks_.Free(&victim->blocks);
+    victim->cached = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      waiting_.push_front(std::move(victim));
+    }
+    // Retry the same index (it may have been the victim itself).
+  }
+
+  // 3. Admission, FIFO, within the running, token and block limits.
+  int64_t budget = options_.max_batched_tokens - static_cast<int64_t>(running_.size());
+  bool admitted_prefill = false;
+  while (static_cast<int>(running_.size()) < options_.max_running) {
+    std::unique_ptr<Sequence> seq;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_.empty()) break;
+      Sequence& head = *waiting_.front();
+      const int64_t need = static_cast<int64_t>(head.tokens.size());
+      if (need > budget && admitted_prefill) break;
+      if (!blocks_.EnsureCapacity(&head.blocks, need)) break;
+      seq = std::move(waiting_.front());
+      waiting_.pop_front();
+      budget -= need;
+      admitted_prefill = true;
+      if (metrics_ != nullptr) metrics_->requests_waiting().Set(static_cast<double>(waiting_.size()));
+    }
+    if (!seq->counted && metrics_ != nullptr) metrics_->prompt_tokens().Increment(static_cast<double>(seq->prompt_len));
+    seq->counted = true;
+    running_.push_back(std::move(seq));
+  }
+  UpdateGauges();
+  if (running_.empty()) return;
+
+  // 4. One forward over the batch: prefills (all uncached tokens) and decodes (one token).
+  std::vector<SeqForward> batch;
+  batch.reserve(running_.size());
+  for (auto& s : running_) {
+    SeqForward f;
+    f.start = s->cached;
+    f.tokens = s->tokens.data() + s->cached;
+    f.num_tokens = static_cast<int64_t>(s->tokens.size()) - s->cached;
+    f.block_table = s->blocks.data();
+    f.num_blocks = static_cast<int64_t>(s->blocks.size());
+    batch.push_back(f);
+  }
+  std::vector<float> logits;
+  if (absl::Status st = runner_->Forward(batch, &logits); !st.ok()) {
+    LogError(absl::StrCat("forward step failed: ", st.message()));
+    for (auto& s : running_) FinishSequence(*s, absl::InternalError(absl::StrCat("forward failed: ", st.message())));
+    running_.clear();
+    UpdateGauges();
+    return;
+  }
+  const absl::Time t = absl::Now();
+  const int64_t vocab = config().vocab;
+  std::vector<std::unique_ptr<Sequence>> still;
+  still.reserve(running_.size());
+  for (size_t b = 0; b < running_.size(); ++b) {
+    Sequence& s = *running_[b];
+    s.cached = static_cast<int64_t>(s.tokens.size());
+    const int32_t tok = SampleToken(logits.data() + b * vocab, vocab, s.request.sampling, s.rng);
+    s.tokens.push_back(tok);
+    ++s.generated;
+    if (s.generated == 1) {
+      s.first_token_time = t;
+      if (metrics_ != nullptr) {
+        metrics_->time_to_first_token().Observe(absl::ToDoubleSeconds(t - s.request.arrival));
+      }
+    }
+    s.last_token_time = t;
+    if (metrics_ != nullptr) metrics_->generated_tokens().Increment();
+    s.sink->OnToken(tok);
+    const auto& stops = s.request.stop_token_ids;
+    const bool done = std::find(stops.begin(), stops.end(), tok) != stops.end() ||
+                      s.generated >= s.request.max_new_tokens ||
+                      static_cast<int64_t>(s.tokens.size()) >= options_.max_seq_len;
+    if (done) {
+      FinishSequence(s, absl::OkStatus());
+    } else {
+      still.push_back(std::move(running_[b]));
+    }
+  }
+  running_.swap(still);
+  UpdateGauges();
+}
+
+}  // namespace fusedserve

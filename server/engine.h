@@ -1,0 +1,146 @@
+// The generation engine: one scheduler thread per device that owns the
+// ModelRunner and does iteration-level (continuous) batching. Each step:
+//   1. drop cancelled / past-deadline sequences (their KV blocks are freed);
+//   2. give every running sequence room for its next position (preempting
+//      the newest sequence, to be recomputed later, when blocks run out);
+//   3. admit waiting requests (FIFO) while limits and free blocks allow;
+//      their prompts are prefilled in the same forward as the decode tokens;
+//   4. run one forward, sample one token per sequence, stream it, retire
+//      finished sequences.
+// TransformerBlock calls run on the same thread between steps, so the
+// runner is only ever used by one thread. Sinks are called on the engine
+// thread and must not block (the gRPC reactor queues and writes on its own).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/engine_kv_cache.h"
+#include "server/engine_sampler.h"
+#include "server/metrics.h"
+#include "server/model_runner.h"
+
+namespace fusedserve {
+
+struct EngineOptions {
+  // KV cache blocks; 0 = as many as kv_cache_bytes holds.
+  int64_t kv_cache_blocks = 0;
+  // Memory given to the KV cache when kv_cache_blocks is 0 (CPU; on CUDA a
+  // share of free GPU memory, once the CUDA runner exists).
+  int64_t kv_cache_bytes = int64_t{64} << 20;
+  // Positions per KV block.
+  int64_t kv_block_size = 16;
+  // Sequences decoded together at most.
+  int max_running = 64;
+  // Requests queued beyond the running ones; more get RESOURCE_EXHAUSTED.
+  int max_waiting = 256;
+  // Tokens (prefill + decode) in one forward step at most; a single prompt
+  // longer than this still runs, alone.
+  int64_t max_batched_tokens = 8192;
+  // Cap on a request's max_new_tokens.
+  int max_new_tokens_limit = 4096;
+  // Longest sequence (prompt + generated); 0 = the model's
+  // max_position_embeddings capped at 8192. Also capped by the cache size.
+  int64_t max_seq_len = 0;
+};
+
+enum class FinishReason { kNone, kLength, kStop };
+
+struct GenerationResult {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double time_to_first_token_s = 0;    // arrival to first token
+  double time_per_output_token_s = 0;  // mean over tokens after the first
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+// The consumer of one generation (the gRPC stream). Called on the engine thread.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  // Polled at every step boundary; true stops the sequence (CANCELLED).
+  virtual bool IsCancelled() = 0;
+  // One generated token. Must not block.
+  virtual void OnToken(int32_t token) = 0;
+  // Called exactly once, last. OK with the stats, or why it stopped.
+  virtual void OnFinish(const absl::Status& status, const GenerationResult& result) = 0;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+  absl::Time arrival = absl::Now();
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// A TransformerBlock call: hidden [B,S,D] fp32, positions [B,S].
+struct BlockTask {
+  int64_t first_layer = 0;
+  int64_t num_layers = 0;
+  int64_t batch = 0;
+  int64_t seq_len = 0;
+  std::vector<float> hidden;
+  std::vector<int64_t> positions;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;
+  // Called once on the engine thread with the output hidden states or an error.
+  std::function<void(absl::StatusOr<std::vector<float>>)> done;
+};
+
+class Engine {
+ public:
+  // Sizes the KV cache, starts the scheduler thread.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::unique_ptr<ModelRunner> runner, Metrics* metrics,
+                                                        EngineOptions options);
+  ~Engine();
+
+  const ModelConfig& config() const { return runner_->config(); }
+  const ModelRunner& runner() const { return *runner_; }
+  const EngineOptions& options() const { return options_; }
+
+  // Validates (INVALID_ARGUMENT naming the field) and queues a generation
+  // (RESOURCE_EXHAUSTED when the waiting queue is full, UNAVAILABLE after
+  // Shutdown). On error the sink is never called; on OK exactly one
+  // OnFinish follows. max_new_tokens is capped by the limits.
+  absl::Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink);
+  // Queues a TransformerBlock call (already validated against config()).
+  absl::Status SubmitBlock(BlockTask task);
+  // Makes the scheduler look at cancellations now (a sink was cancelled).
+  void Wake();
+  // Fails every queued and running request with UNAVAILABLE and joins the thread.
+  void Shutdown();
+
+ private:
+  struct Sequence;
+  Engine(std::unique_ptr<ModelRunner> runner, Metrics* metrics, EngineOptions options, int64_t num_blocks);
+  void Loop();
+  void Step();
+  void FinishSequence(Sequence& seq, const absl::Status& status);
+  void UpdateGauges();
+
+  std::unique_ptr<ModelRunner> runner_;
+  Metrics* const metrics_;
+  EngineOptions options_;
+  KvBlockAllocator blocks_;  // engine thread only
+
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Sequence>> waiting_ ABSL_GUARDED_BY(mu_);
+  std::deque<BlockTask> block_tasks_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::vector<std::unique_ptr<Sequence>> running_;  // engine thread only, admission order
+  std::thread thread_;
+};
+
+}  // namespace fusedserve

@@ -1,0 +1,34 @@
+// Token sampling: greedy (temperature 0), or temperature + top-k + top-p
+// from a per-sequence random stream seeded by the request's seed. The draw
+// depends only on the logits, the parameters and the stream's state, so the
+// same request and seed give the same tokens whatever else runs beside it.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedserve {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // 0: all tokens
+  float top_p = 1.0f;        // <= 0 or >= 1: disabled
+  uint64_t seed = 0;
+};
+
+// xoshiro256**: small, fast, fully specified (unlike std:: distributions,
+// whose output may differ between standard libraries).
+class SamplerRng {
+ public:
+  explicit SamplerRng(uint64_t seed);
+  uint64_t Next();
+  // Uniform in [0, 1) with 53 random bits.
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t s_[4];
+};
+
+// Picks a token from logits [vocab]. Greedy takes the lowest index among ties.
+int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params, SamplerRng& rng);
+
+}  // namespace fusedserve

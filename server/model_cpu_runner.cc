@@ -1,0 +1,279 @@
+// CPU ModelRunner: the LLaMA forward pass in fp32 on the CPU reference ops
+// (RmsNorm, Linear, SiluAndMul), with rope (Llama-3.1 scaling included) and
+// paged attention written here because they read per-sequence positions and
+// block tables. Every token's computation is independent of what else is in
+// the batch (same loops, same summation order), so batching never changes a
+// token: the engine's reproducibility rests on that.
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/reference.h"
+#include "server/model_runner.h"
+
+namespace fusedserve {
+
+int64_t ModelRunner::KvBytesPerBlock(int64_t block_size) const {
+  const ModelConfig& c = config();
+  return 2 * c.layers * block_size * c.kv_dim() * static_cast<int64_t>(sizeof(float));
+}
+
+namespace {
+
+// Splits [0, n) over up to `threads` threads when the work is big enough to
+// pay for starting them (~20 us each).
+template <typename Fn>
+void ParallelFor(int64_t n, int threads, double work, Fn fn) {
+  const int t = static_cast<int>(std::min<int64_t>(threads, n));
+  if (t <= 1 || work < 4e6) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int64_t chunk = (n + t - 1) / t;
+  for (int i = 1; i < t; ++i) {
+    const int64_t b = i * chunk, e = std::min(n, b + chunk);
+    if (b < e) pool.emplace_back([=] { fn(b, e); });
+  }
+  fn(0, std::min(n, chunk));
+  for (std::thread& th : pool) th.join();
+}
+
+class CpuModelRunner final : public ModelRunner {
+ public:
+  CpuModelRunner(std::unique_ptr<ModelWeights> w, int threads) : c_(w->config()), threads_(threads) {
+    inv_freq_ = c_.RopeInvFreq();
+    embed_ = w->Get("model.embed_tokens.weight").ToFloat();
+    final_norm_ = w->Get("model.norm.weight").ToFloat();
+    if (!c_.tied_embeddings) lm_head_ = w->Get("lm_head.weight").ToFloat();
+    layers_.resize(c_.layers);
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      const std::string p = absl::StrCat("model.layers.", i, ".");
+      Layer& L = layers_[i];
+      L.attn_norm = w->Get(p + "input_layernorm.weight").ToFloat();
+      L.mlp_norm = w->Get(p + "post_attention_layernorm.weight").ToFloat();
+      // Fused projections: qkv = [q; k; v] rows, gate_up = [gate; up] rows.
+      for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
+        std::vector<float> part = w->Get(p + n).ToFloat();
+        L.wqkv.insert(L.wqkv.end(), part.begin(), part.end());
+      }
+      L.wo = w->Get(p + "self_attn.o_proj.weight").ToFloat();
+      for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
+        std::vector<float> part = w->Get(p + n).ToFloat();
+        L.gate_up.insert(L.gate_up.end(), part.begin(), part.end());
+      }
+      L.down = w->Get(p + "mlp.down_proj.weight").ToFloat();
+    }
+  }
+
+  const ModelConfig& config() const override { return c_; }
+  std::string device() const override { return "cpu"; }
+
+  absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) override {
+    if (num_blocks <= 0 || block_size <= 0) return absl::InvalidArgumentError("KV cache needs blocks > 0");
+    num_blocks_ = num_blocks;
+    block_size_ = block_size;
+    const int64_t n = c_.layers * num_blocks * block_size * c_.kv_dim();
+    k_cache_.assign(n, 0.0f);
+    v_cache_.assign(n, 0.0f);
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(const std::vector<SeqForward>& batch, std::vector<float>* logits) override {
+    if (k_cache_.empty()) return absl::FailedPreconditionError("KV cache not initialised");
+    const int64_t D = c_.hidden;
+    int64_t T = 0;
+    for (const SeqForward& s : batch) {
+      if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a forward batch");
+      if ((s.start + s.num_tokens + block_size_ - 1) / block_size_ > s.num_blocks) {
+        return absl::InternalError("block table too short for the sequence");
+      }
+      T += s.num_tokens;
+    }
+    std::vector<float> x(T * D);
+    std::vector<int64_t> positions(T);
+    int64_t row = 0;
+    for (const SeqForward& s : batch) {
+      for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
+        const int32_t tok = s.tokens[i];
+        if (tok < 0 || tok >= c_.vocab) return absl::InternalError("token id out of range");
+        std::copy_n(embed_.data() + tok * D, D, x.data() + row * D);
+        positions[row] = s.start + i;
+      }
+    }
+    for (int64_t l = 0; l < c_.layers; ++l) {
+      RunLayer(l, T, positions.data(), x.data(), [&](const float* q, const float* k, const float* v, float* o) {
+        PagedAttention(l, batch, q, k, v, o);
+      });
+    }
+    // Logits of each sequence's last token.
+    const int64_t B = static_cast<int64_t>(batch.size());
+    std::vector<float> last(B * D), normed(B * D);
+    row = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      row += batch[b].num_tokens;
+      std::copy_n(x.data() + (row - 1) * D, D, last.data() + b * D);
+    }
+    cpu::RmsNorm(last.data(), final_norm_.data(), B, D, static_cast<float>(c_.rms_eps), normed.data());
+    logits->resize(B * c_.vocab);
+    Gemm(normed.data(), c_.tied_embeddings ? embed_.data() : lm_head_.data(), B, D, c_.vocab, logits->data());
+    return absl::OkStatus();
+  }
+
+  absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
+                         float* hidden) override {
+    if (first < 0 || n < 0 || first + n > c_.layers) return absl::InvalidArgumentError("layer range out of bounds");
+    std::vector<int64_t> seq_lens(B, S);
+    for (int64_t l = first; l < first + n; ++l) {
+      RunLayer(l, B * S, positions, hidden, [&](const float* q, const float* k, const float* v, float* o) {
+        cpu::Attention(q, k, v, seq_lens.data(), B, B * S, c_.q_heads, c_.kv_heads, c_.head_dim, /*causal=*/true,
+                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_dim))), o);
+      });
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm;  // [D]
+    std::vector<float> wqkv;       // [(Hq + 2 Hkv) Dh, D]
+    std::vector<float> wo;         // [D, Hq Dh]
+    std::vector<float> mlp_norm;   // [D]
+    std::vector<float> gate_up;    // [2I, D]
+    std::vector<float> down;       // [D, I]
+  };
+
+  // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]. Rows of w split over threads.
+  void Gemm(const float* x, const float* w, int64_t M, int64_t K, int64_t N, float* y) const {
+    if (threads_ <= 1 || static_cast<double>(M) * K * N < 4e6) {
+      cpu::Linear(x, w, nullptr, M, K, N, Activation::kNone, y);
+      return;
+    }
+    ParallelFor(N, threads_, static_cast<double>(M) * K * N, [&](int64_t b, int64_t e) {
+      std::vector<float> part(M * (e - b));
+      cpu::Linear(x, w + b * K, nullptr, M, K, e - b, Activation::kNone, part.data());
+      for (int64_t m = 0; m < M; ++m) std::copy_n(part.data() + m * (e - b), e - b, y + m * N + b);
+    });
+  }
+
+  // Rotate-half rope on every head of T tokens, in place.   x [T, H, Dh]
+  void Rope(float* x, int64_t T, int64_t H, const int64_t* positions) const {
+    const int64_t Dh = c_.head_dim, half = Dh / 2;
+    std::vector<double> cs(half), sn(half);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(positions[t]) * inv_freq_[i];
+        cs[i] = std::cos(a);
+        sn[i] = std::sin(a);
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        float* v = x + (t * H + h) * Dh;
+        for (int64_t i = 0; i < half; ++i) {
+          const double a = v[i], b = v[i + half];
+          v[i] = static_cast<float>(a * cs[i] - b * sn[i]);
+          v[i + half] = static_cast<float>(b * cs[i] + a * sn[i]);
+        }
+      }
+    }
+  }
+
+  // One decoder layer over T tokens, in place.   x [T,D]; positions [T]
+  // attend(q [T,Hq,Dh], k [T,Hkv,Dh], v [T,Hkv,Dh], o [T,Hq,Dh]).
+  template <typename AttendFn>
+  void RunLayer(int64_t l, int64_t T, const int64_t* positions, float* x, AttendFn attend) const {
+    const Layer& L = layers_[l];
+    const int64_t D = c_.hidden, qd = c_.q_dim(), kvd = c_.kv_dim(), I = c_.intermediate;
+    const float eps = static_cast<float>(c_.rms_eps);
+    std::vector<float> h(T * D), qkv(T * (qd + 2 * kvd));
+    cpu::RmsNorm(x, L.attn_norm.data(), T, D, eps, h.data());
+    Gemm(h.data(), L.wqkv.data(), T, D, qd + 2 * kvd, qkv.data());
+    std::vector<float> q(T * qd), k(T * kvd), v(T * kvd), o(T * qd);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* r = qkv.data() + t * (qd + 2 * kvd);
+      std::copy_n(r, qd, q.data() + t * qd);
+      std::copy_n(r + qd, kvd, k.data() + t * kvd);
+      std::copy_n(r + qd + kvd, kvd, v.data() + t * kvd);
+    }
+    Rope(q.data(), T, c_.q_heads, positions);
+    Rope(k.data(), T, c_.kv_heads, positions);
+    attend(q.data(), k.data(), v.data(), o.data());
+    Gemm(o.data(), L.wo.data(), T, qd, D, h.data());
+    for (int64_t i = 0; i < T * D; ++i) x[i] += h[i];
+    cpu::RmsNorm(x, L.mlp_norm.data(), T, D, eps, h.data());
+    std::vector<float> gu(T * 2 * I), act(T * I);
+    Gemm(h.data(), L.gate_up.data(), T, D, 2 * I, gu.data());
+    cpu::SiluAndMul(gu.data(), T, I, act.data());
+    Gemm(act.data(), L.down.data(), T, I, D, h.data());
+    for (int64_t i = 0; i < T * D; ++i) x[i] += h[i];
+  }
+
+  // Cache row of (layer, position) for a sequence.   [kv_dim]
+  float* CacheRow(std::vector<float>& cache, int64_t l, const SeqForward& s, int64_t pos) {
+    const int64_t block = s.block_table[pos / block_size_];
+    const int64_t slot = (l * num_blocks_ + block) * block_size_ + pos % block_size_;
+    return cache.data() + slot * c_.kv_dim();
+  }
+
+  // Writes the batch's new K/V into the cache, then attends each new token
+  // over its sequence's cache rows [0, position]. q, o [T,Hq,Dh]; k, v [T,Hkv,Dh]
+  void PagedAttention(int64_t l, const std::vector<SeqForward>& batch, const float* q, const float* k,
+                      const float* v, float* o) {
+    const int64_t Hq = c_.q_heads, Hkv = c_.kv_heads, Dh = c_.head_dim, kvd = c_.kv_dim();
+    const int64_t group = Hq / Hkv;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    int64_t row = 0;
+    for (const SeqForward& s : batch) {
+      for (int64_t i = 0; i < s.num_tokens; ++i) {
+        std::copy_n(k + (row + i) * kvd, kvd, CacheRow(k_cache_, l, s, s.start + i));
+        std::copy_n(v + (row + i) * kvd, kvd, CacheRow(v_cache_, l, s, s.start + i));
+      }
+      std::vector<double> scores;
+      std::vector<double> acc(Dh);
+      for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
+        const int64_t len = s.start + i + 1;  // causal: keys [0, position]
+        scores.resize(len);
+        for (int64_t h = 0; h < Hq; ++h) {
+          const int64_t kvh = h / group;
+          const float* qh = q + (row * Hq + h) * Dh;
+          double mx = -INFINITY;
+          for (int64_t j = 0; j < len; ++j) {
+            const float* kr = CacheRow(k_cache_, l, s, j) + kvh * Dh;
+            double dot = 0.0;
+            for (int64_t d = 0; d < Dh; ++d) dot += static_cast<double>(qh[d]) * kr[d];
+            scores[j] = dot * scale;
+            mx = std::max(mx, scores[j]);
+          }
+          double denom = 0.0;
+          for (int64_t j = 0; j < len; ++j) denom += (scores[j] = std::exp(scores[j] - mx));
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (int64_t j = 0; j < len; ++j) {
+            const float* vr = CacheRow(v_cache_, l, s, j) + kvh * Dh;
+            for (int64_t d = 0; d < Dh; ++d) acc[d] += scores[j] * vr[d];
+          }
+          float* oh = o + (row * Hq + h) * Dh;
+          for (int64_t d = 0; d < Dh; ++d) oh[d] = static_cast<float>(acc[d] / denom);
+        }
+      }
+    }
+  }
+
+  const ModelConfig c_;
+  const int threads_;
+  std::vector<double> inv_freq_;
+  std::vector<float> embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  int64_t num_blocks_ = 0, block_size_ = 0;
+  std::vector<float> k_cache_, v_cache_;  // [layers, num_blocks, block_size, Hkv, Dh]
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights, int threads) {
+  if (weights == nullptr) return absl::InvalidArgumentError("no weights");
+  if (absl::Status s = weights->config().Validate(); !s.ok()) return s;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::unique_ptr<ModelRunner>(new CpuModelRunner(std::move(weights), threads));
+}
+
+}  // namespace fusedserve

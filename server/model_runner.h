@@ -1,0 +1,61 @@
+// ModelRunner: the device side of the hosted model. The engine owns the
+// scheduling (which sequences run, their KV block tables); a runner owns the
+// weights and the KV cache storage and runs one forward step over a batch of
+// sequences. The CPU runner (model_cpu_runner.cc, plain loops on the CPU
+// reference ops) is the oracle and the fallback; a CUDA runner (device
+// weights, the project's kernels, CUDA-graph decode steps) plugs in here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/model_config.h"
+#include "server/model_weights.h"
+
+namespace fusedserve {
+
+// One sequence's part of a forward step: `num_tokens` new tokens at positions
+// [start, start + num_tokens); the KV cache already holds positions [0, start).
+// The block table covers at least start + num_tokens positions; position p
+// lives in block block_table[p / block_size], row p % block_size.
+struct SeqForward {
+  const int32_t* tokens = nullptr;  // [num_tokens]
+  int64_t num_tokens = 0;
+  int64_t start = 0;
+  const int32_t* block_table = nullptr;  // [num_blocks]
+  int64_t num_blocks = 0;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  // "cpu" or "cuda".
+  virtual std::string device() const = 0;
+
+  // Bytes of K and V one cache block holds over all layers.
+  int64_t KvBytesPerBlock(int64_t block_size) const;
+  // Allocates the paged KV cache: num_blocks blocks of block_size positions.
+  virtual absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) = 0;
+
+  // Runs every layer over the batch (causal; prefill chunks and single decode
+  // tokens mixed), writes the new K/V into the cache and returns the logits
+  // of each sequence's last new token: logits [batch.size(), vocab].
+  virtual absl::Status Forward(const std::vector<SeqForward>& batch, std::vector<float>* logits) = 0;
+
+  // TransformerBlock: layers [first, first + n) over B whole sequences of S
+  // tokens, causal within each sequence, no cache kept.
+  // hidden [B,S,D] (updated in place); positions [B,S]
+  virtual absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
+                                 float* hidden) = 0;
+};
+
+// The CPU runner: weights converted to fp32 once, KV cache in fp32.
+// `threads` parallelises the GEMMs (0 = hardware concurrency).
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights,
+                                                                 int threads = 1);
+
+}  // namespace fusedserve

@@ -1,0 +1,293 @@
+// The generation engine in-process on the tiny model: KV block allocator,
+// sampler, the CPU runner's paged forward against its own whole-sequence
+// path, and the scheduler (continuous batching gives the same tokens as
+// running alone, preemption under a small cache, queue limits, cancellation).
+#include <atomic>
+#include <cmath>
+#include <set>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/reference.h"
+#include "server/engine.h"
+
+namespace fusedserve {
+namespace {
+
+TEST(KvBlockAllocatorTest, AllocatesAllOrNothingAndFrees) {
+  KvBlockAllocator a(8, 16);
+  std::vector<int32_t> t1, t2;
+  EXPECT_TRUE(a.EnsureCapacity(&t1, 33));  // 3 blocks
+  EXPECT_EQ(t1.size(), 3u);
+  EXPECT_TRUE(a.EnsureCapacity(&t1, 48));  // still 3
+  EXPECT_EQ(t1.size(), 3u);
+  EXPECT_TRUE(a.EnsureCapacity(&t1, 49));
+  EXPECT_EQ(a.num_used(), 4);
+  EXPECT_FALSE(a.EnsureCapacity(&t2, 16 * 5));  // 5 > 4 free
+  EXPECT_TRUE(t2.empty());
+  EXPECT_TRUE(a.EnsureCapacity(&t2, 16 * 4));
+  EXPECT_EQ(a.num_free(), 0);
+  std::set<int32_t> ids(t1.begin(), t1.end());
+  ids.insert(t2.begin(), t2.end());
+  EXPECT_EQ(ids.size(), 8u);  // no block handed out twice
+  a.Free(&t1);
+  EXPECT_TRUE(t1.empty());
+  EXPECT_EQ(a.num_free(), 4);
+  a.Free(&t2);
+  EXPECT_EQ(a.num_used(), 0);
+}
+
+TEST(SamplerTest, GreedyTopKAndReproducibility) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f, 0.5f};
+  SamplerRng rng(1);
+  EXPECT_EQ(SampleToken(logits.data(), 5, SamplingParams{}, rng), 1);  // first of the ties
+  SamplingParams k1{1.0f, 1, 1.0f, 0};
+  EXPECT_EQ(SampleToken(logits.data(), 5, k1, rng), 1);
+  SamplingParams p_small{1.0f, 0, 0.01f, 0};
+  EXPECT_EQ(SampleToken(logits.data(), 5, p_small, rng), 1);
+  // Same seed, same draws; another seed, another sequence.
+  SamplingParams hot{2.0f, 0, 0.95f, 0};
+  auto draw = [&](uint64_t seed) {
+    SamplerRng r(seed);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(SampleToken(logits.data(), 5, hot, r));
+    return out;
+  };
+  EXPECT_EQ(draw(42), draw(42));
+  EXPECT_NE(draw(42), draw(43));
+  // top_k=2 only ever returns the two best tokens; frequencies follow softmax.
+  SamplingParams k2{1.0f, 2, 1.0f, 0};
+  SamplerRng r(5);
+  int ones = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const int32_t t = SampleToken(logits.data(), 5, k2, r);
+    ASSERT_TRUE(t == 1 || t == 3);
+    ones += t == 1;
+  }
+  EXPECT_NEAR(ones / 2000.0, 0.5, 0.05);
+}
+
+std::unique_ptr<ModelRunner> TinyRunner(uint64_t seed = 3) {
+  absl::StatusOr<ModelConfig> c = PresetConfig("tiny");
+  absl::StatusOr<std::unique_ptr<ModelRunner>> r = MakeCpuModelRunner(ModelWeights::Random(*c, seed), 1);
+  EXPECT_TRUE(r.ok());
+  return *std::move(r);
+}
+
+// Paged prefill of a whole prompt, prefill of a prefix then one-token
+// decodes, and the whole-sequence TransformerBlock path + final norm +
+// lm_head all give the same last-token logits.
+TEST(CpuRunnerTest, PagedForwardMatchesWholeSequencePath) {
+  auto runner = TinyRunner();
+  const ModelConfig& c = runner->config();
+  ASSERT_TRUE(runner->InitKvCache(16, 4).ok());
+  const std::vector<int32_t> tokens = {5, 17, 300, 2, 9, 511, 0, 44, 8, 100};
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<int32_t> table1 = {0, 1, 2}, table2 = {7, 3, 11};  // scattered blocks
+
+  std::vector<float> full;
+  ASSERT_TRUE(runner->Forward({SeqForward{tokens.data(), n, 0, table1.data(), 3}}, &full).ok());
+  std::vector<float> step;
+  ASSERT_TRUE(runner->Forward({SeqForward{tokens.data(), 6, 0, table2.data(), 3}}, &step).ok());
+  for (int64_t p = 6; p < n; ++p) {
+    ASSERT_TRUE(runner->Forward({SeqForward{tokens.data() + p, 1, p, table2.data(), 3}}, &step).ok());
+  }
+  ASSERT_EQ(full.size(), static_cast<size_t>(c.vocab));
+  EXPECT_EQ(full, step);  // same loops, same order: bit-identical
+
+  // Independent attention path (cpu::Attention over the whole sequence).
+  std::vector<float> hidden(n * c.hidden);
+  auto w = ModelWeights::Random(c, 3);
+  const std::vector<float> embed = w->Get("model.embed_tokens.weight").ToFloat();
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(embed.data() + tokens[t] * c.hidden, c.hidden, hidden.data() + t * c.hidden);
+  }
+  std::vector<int64_t> pos(n);
+  for (int64_t t = 0; t < n; ++t) pos[t] = t;
+  ASSERT_TRUE(runner->RunLayers(0, c.layers, 1, n, pos.data(), hidden.data()).ok());
+  std::vector<float> normed(c.hidden), logits(c.vocab);
+  cpu::RmsNorm(hidden.data() + (n - 1) * c.hidden, w->Get("model.norm.weight").ToFloat().data(), 1, c.hidden,
+               static_cast<float>(c.rms_eps), normed.data());
+  cpu::Linear(normed.data(), w->Get("lm_head.weight").ToFloat().data(), nullptr, 1, c.hidden, c.vocab,
+              Activation::kNone, logits.data());
+  for (int64_t v = 0; v < c.vocab; ++v) EXPECT_NEAR(logits[v], full[v], 1e-4f * (1 + std::fabs(full[v])));
+}
+
+// Records what the engine streams.
+class RecordingSink : public GenerationSink {
+ public:
+  bool IsCancelled() override { return cancel.load(); }
+  void OnToken(int32_t t) override {
+    tokens.push_back(t);
+    count.fetch_add(1);
+    if (cancel_after > 0 && static_cast<int>(tokens.size()) >= cancel_after) cancel.store(true);
+  }
+  void OnFinish(const absl::Status& s, const GenerationResult& r) override {
+    status = s;
+    result = r;
+    done.Notify();
+  }
+  std::atomic<bool> cancel{false};
+  std::atomic<int> count{0};
+  int cancel_after = 0;
+  std::vector<int32_t> tokens;
+  absl::Status status;
+  GenerationResult result;
+  absl::Notification done;
+};
+
+GenerationRequest Req(std::vector<int32_t> prompt, int64_t n, float temperature = 0.0f, uint64_t seed = 0) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = n;
+  r.sampling.temperature = temperature;
+  r.sampling.top_k = 50;
+  r.sampling.seed = seed;
+  return r;
+}
+
+std::vector<int32_t> RunAlone(GenerationRequest r, EngineOptions o = {}) {
+  auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+  auto sink = std::make_shared<RecordingSink>();
+  EXPECT_TRUE(engine->Submit(std::move(r), sink).ok());
+  sink->done.WaitForNotification();
+  EXPECT_TRUE(sink->status.ok()) << sink->status;
+  return sink->tokens;
+}
+
+TEST(EngineTest, GeneratesWithStats) {
+  auto engine = *Engine::Create(TinyRunner(), nullptr, {});
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(engine->Submit(Req({1, 2, 3}, 7), sink).ok());
+  sink->done.WaitForNotification();
+  ASSERT_TRUE(sink->status.ok()) << sink->status;
+  EXPECT_EQ(sink->tokens.size(), 7u);
+  EXPECT_EQ(sink->result.prompt_tokens, 3);
+  EXPECT_EQ(sink->result.generated_tokens, 7);
+  EXPECT_EQ(sink->result.finish_reason, FinishReason::kLength);
+  EXPECT_GT(sink->result.time_to_first_token_s, 0);
+
+  // A stop id ends generation right after it is emitted.
+  auto stop = std::make_shared<RecordingSink>();
+  GenerationRequest r = Req({1, 2, 3}, 7);
+  r.stop_token_ids = {sink->tokens[2]};
+  ASSERT_TRUE(engine->Submit(std::move(r), stop).ok());
+  stop->done.WaitForNotification();
+  EXPECT_EQ(stop->result.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(stop->tokens.back(), sink->tokens[2]);
+  EXPECT_LE(stop->tokens.size(), 3u);
+}
+
+TEST(EngineTest, RejectsBadRequests) {
+  EngineOptions o;
+  o.max_new_tokens_limit = 5;
+  auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+  auto sink = std::make_shared<RecordingSink>();
+  EXPECT_EQ(engine->Submit(Req({}, 3), sink).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(engine->Submit(Req({1, 512}, 3), sink).message()).find("prompt_token_ids[1]"),
+            std::string::npos);
+  EXPECT_EQ(engine->Submit(Req({1}, 0), sink).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->Submit(Req({1}, 3, -1.0f), sink).code(), absl::StatusCode::kInvalidArgument);
+  // max_new_tokens is capped by the limit.
+  ASSERT_TRUE(engine->Submit(Req({1}, 100), sink).ok());
+  sink->done.WaitForNotification();
+  EXPECT_EQ(sink->tokens.size(), 5u);
+}
+
+// Continuous batching must not change any sequence: 8 concurrent requests
+// (greedy and sampled, different prompt lengths, arriving while others
+// decode) give exactly the tokens each gives alone.
+TEST(EngineTest, BatchingDoesNotChangeTokens) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> prompt;
+    for (int j = 0; j <= i * 3; ++j) prompt.push_back((i * 37 + j * 11) % 512);
+    reqs.push_back(Req(prompt, 12 + i, i % 2 == 0 ? 0.0f : 0.9f, 100 + i));
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& r : reqs) alone.push_back(RunAlone(r));
+
+  auto engine = *Engine::Create(TinyRunner(), nullptr, {});
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    ASSERT_TRUE(engine->Submit(reqs[i], sinks.back()).ok());
+    if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    sinks[i]->done.WaitForNotification();
+    EXPECT_TRUE(sinks[i]->status.ok());
+    EXPECT_EQ(sinks[i]->tokens, alone[i]) << "request " << i;
+  }
+}
+
+// A cache too small for all sequences at once: the newest is preempted and
+// recomputed later; every sequence still completes with its own tokens.
+TEST(EngineTest, PreemptionUnderASmallCacheKeepsTokens) {
+  EngineOptions small;
+  small.kv_cache_blocks = 6;
+  small.kv_block_size = 8;  // 48 positions for 4 sequences of up to 36
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(Req({static_cast<int32_t>(i + 1), 7, 9, 11}, 32, 0.7f, i));
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& r : reqs) alone.push_back(RunAlone(r));
+  auto engine = *Engine::Create(TinyRunner(), nullptr, small);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const auto& r : reqs) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    sinks[i]->done.WaitForNotification();
+    EXPECT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
+    EXPECT_EQ(sinks[i]->tokens, alone[i]) << "request " << i;
+  }
+}
+
+TEST(EngineTest, QueueLimitAndCancellation) {
+  Metrics metrics;
+  EngineOptions o;
+  o.max_running = 1;
+  o.max_waiting = 1;
+  auto engine = *Engine::Create(TinyRunner(), &metrics, o);
+  auto first = std::make_shared<RecordingSink>();
+  first->cancel_after = 50;  // cancels itself mid-stream
+  auto second = std::make_shared<RecordingSink>();
+  auto third = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(engine->Submit(Req({1, 2}, 4000), first).ok());
+  // Once first runs, second waits (max_running 1) and fills the queue (1).
+  while (first->count.load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  ASSERT_TRUE(engine->Submit(Req({3, 4}, 4000), second).ok());
+  EXPECT_EQ(engine->Submit(Req({5}, 4), third).code(), absl::StatusCode::kResourceExhausted);
+  first->done.WaitForNotification();
+  EXPECT_EQ(first->status.code(), absl::StatusCode::kCancelled);
+  EXPECT_GE(first->tokens.size(), 50u);
+  second->cancel.store(true);
+  engine->Wake();
+  second->done.WaitForNotification();
+  EXPECT_EQ(second->status.code(), absl::StatusCode::kCancelled);
+  // Every block is back.
+  for (int i = 0; i < 100 && metrics.kv_cache_blocks_used().Value() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(metrics.kv_cache_blocks_used().Value(), 0);
+  EXPECT_GT(metrics.kv_cache_blocks_total().Value(), 0);
+}
+
+TEST(EngineTest, ShutdownFailsPendingRequests) {
+  EngineOptions o;
+  o.max_running = 1;
+  auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+  auto a = std::make_shared<RecordingSink>(), b = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(engine->Submit(Req({1}, 4000), a).ok());
+  ASSERT_TRUE(engine->Submit(Req({2}, 4000), b).ok());
+  engine->Shutdown();
+  EXPECT_TRUE(a->done.HasBeenNotified());
+  EXPECT_TRUE(b->done.HasBeenNotified());
+  EXPECT_EQ(b->status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine->Submit(Req({1}, 1), a).code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace fusedserve

@@ -24,6 +24,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "server/log.h"
 #include "server/metrics.h"
+#include "server/model_rpc.h"
 #include "server/scheduler.h"
 #include "server/service.h"
 #include "warmup/warmup.h"
@@ -58,6 +59,16 @@ ABSL_FLAG(int, max_message_bytes, 512 << 20, "Largest gRPC message accepted or s
 ABSL_FLAG(int64_t, max_tensor_elements, int64_t{1} << 28, "Largest tensor accepted, elements");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
+// Generation engine (TransformerBlock, Generate); see server/engine.h.
+ABSL_FLAG(int64_t, kv_cache_blocks, 0, "KV cache blocks; 0 = as many as --kv_cache_bytes holds");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{64} << 20, "KV cache memory when --kv_cache_blocks=0, bytes");
+ABSL_FLAG(int64_t, kv_block_size, 16, "Positions per KV cache block");
+ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most");
+ABSL_FLAG(int, max_waiting, 256, "Generate requests queued before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_batched_tokens, 8192, "Tokens (prefill + decode) per engine step at most");
+ABSL_FLAG(int, max_new_tokens_limit, 4096, "Cap on a Generate request's max_new_tokens");
+ABSL_FLAG(int64_t, max_seq_len, 0, "Longest sequence (prompt + generated); 0 = the model's, capped at 8192");
+ABSL_FLAG(int, model_threads, 0, "Threads of the CPU model runner's GEMMs; 0 = CPU cores");
 
 namespace fusedserve {
 namespace {
@@ -162,9 +173,45 @@ int Run(const std::string& mode) {
   sched.max_queue = absl::GetFlag(FLAGS_max_queue);
   std::unique_ptr<OpScheduler> scheduler = MakeDirectScheduler(backend->get(), &metrics, sched);
 
+  // The hosted model and its engine (random weights for --model_preset unless --model is set).
+  absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
+      LoadModelWeights(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_model_preset), absl::GetFlag(FLAGS_seed));
+  if (!weights.ok()) {
+    LogError("model: " + std::string(weights.status().message()));
+    return 1;
+  }
+  const ModelConfig model_config = (*weights)->config();
+  LogInfo(absl::StrCat("model ", model_config.name, ": ", model_config.layers, " layers, hidden ",
+                       model_config.hidden, ", vocab ", model_config.vocab, ", ",
+                       model_config.NumParameters() / 1e6, "M parameters"));
+  if ((*backend)->name() == "cuda") {
+    LogWarning("the model runs on the CPU model runner (the CUDA model runner is not implemented yet)");
+  }
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
+      MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
+  if (!runner.ok()) {
+    LogError("model: " + std::string(runner.status().message()));
+    return 1;
+  }
+  EngineOptions engine_options;
+  engine_options.kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
+  engine_options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  engine_options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  engine_options.max_running = absl::GetFlag(FLAGS_max_running);
+  engine_options.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  engine_options.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+  engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  engine_options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(runner), &metrics, engine_options);
+  if (!engine.ok()) {
+    LogError("engine: " + std::string(engine.status().message()));
+    return 1;
+  }
+
   ServiceOptions service_options;
   service_options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
   FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
+  service.set_engine(engine->get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -207,7 +254,9 @@ int Run(const std::string& mode) {
   } else {
     const WarmupReport report = (*tuning)->report();
     ExportWarmupReport(report, metrics);
-    service.set_server_info(MakeServerInfo(**backend, report, absl::GetFlag(FLAGS_tuning_cache)));
+    v1::GetServerInfoResponse info = MakeServerInfo(**backend, report, absl::GetFlag(FLAGS_tuning_cache));
+    FillModelInfo(model_config, info.mutable_model());
+    service.set_server_info(std::move(info));
     service.set_ready(true);
     health->SetServingStatus(true);
     metrics.ready().Set(1);
@@ -216,6 +265,7 @@ int Run(const std::string& mode) {
 
   server->Wait();
   signal_thread.join();
+  (*engine)->Shutdown();
   scheduler->Shutdown();
   LogInfo("stopped");
   return 0;

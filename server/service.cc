@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "server/model_rpc.h"
+
 namespace fusedserve {
 
 grpc::Status ToGrpcStatus(const absl::Status& s) {
@@ -81,30 +83,24 @@ grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext
 }
 
 grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServerContext* ctx,
-                                                              const v1::TransformerBlockRequest*,
-                                                              v1::TransformerBlockResponse*) {
+                                                              const v1::TransformerBlockRequest* request,
+                                                              v1::TransformerBlockResponse* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  Finish(reactor, "TransformerBlock", "", absl::Now(),
-         absl::UnimplementedError("TransformerBlock is not implemented yet in this build"));
+  const absl::Time start = absl::Now();
+  if (!ready_.load()) {
+    Finish(reactor, "TransformerBlock", "", start, absl::UnavailableError("server is warming up; retry shortly"));
+    return reactor;
+  }
+  StartTransformerBlock(engine_.load(), ctx, request, response, options_.limits,
+                        [this, reactor, start](const absl::Status& s) {
+                          Finish(reactor, "TransformerBlock", "", start, s);
+                        });
   return reactor;
 }
 
-namespace {
-
-// A server-streaming reactor that ends the stream at once with a status.
-class ImmediateWriteReactor : public grpc::ServerWriteReactor<v1::GenerateResponse> {
- public:
-  explicit ImmediateWriteReactor(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
-}  // namespace
-
-grpc::ServerWriteReactor<v1::GenerateResponse>* FusedServeService::Generate(grpc::CallbackServerContext*,
-                                                                           const v1::GenerateRequest*) {
-  const absl::Status s = absl::UnimplementedError("Generate is not implemented yet in this build");
-  metrics_->RecordRequest("Generate", "", GrpcCodeName(grpc::StatusCode::UNIMPLEMENTED), 0);
-  return new ImmediateWriteReactor(ToGrpcStatus(s));
+grpc::ServerWriteReactor<v1::GenerateResponse>* FusedServeService::Generate(grpc::CallbackServerContext* ctx,
+                                                                           const v1::GenerateRequest* request) {
+  return StartGenerate(engine_.load(), metrics_, ready_.load(), ctx, request);
 }
 
 grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerContext* ctx,

@@ -13,6 +13,8 @@
 
 namespace fusedserve {
 
+class Engine;  // server/engine.h: the generation engine (TransformerBlock, Generate)
+
 grpc::Status ToGrpcStatus(const absl::Status& s);
 // "OK", "INVALID_ARGUMENT", ... (label value of fusedserve_requests_total).
 std::string GrpcCodeName(grpc::StatusCode code);
@@ -28,6 +30,9 @@ class FusedServeService final : public v1::FusedServe::CallbackService {
   // Until set, FusedOp answers UNAVAILABLE ("warming up").
   void set_ready(bool ready) { ready_.store(ready); }
   void set_server_info(v1::GetServerInfoResponse info);
+  // The model engine serving TransformerBlock and Generate; until set (or
+  // when the server hosts no model) they answer UNIMPLEMENTED.
+  void set_engine(Engine* engine) { engine_.store(engine); }
 
   grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const v1::FusedOpRequest* request,
                                     v1::FusedOpResponse* response) override;
@@ -48,6 +53,7 @@ class FusedServeService final : public v1::FusedServe::CallbackService {
   Metrics* const metrics_;
   const ServiceOptions options_;
   std::atomic<bool> ready_{false};
+  std::atomic<Engine*> engine_{nullptr};
   absl::Mutex info_mu_;
   v1::GetServerInfoResponse info_ ABSL_GUARDED_BY(info_mu_);
 };

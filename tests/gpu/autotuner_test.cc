@@ -1,0 +1,193 @@
+// The CUDA autotuner on a real GPU: tunes a few ops, checks that every
+// winner's output matches the CPU reference through the CUDA backend, and
+// that a second start over the same cache file is warm (nothing timed).
+// FUSEDSERVE_TUNE_DEFAULT_ENVELOPE=1 also cold-tunes the full default
+// envelope and prints the numbers of the warm-up closing note (wall time,
+// warm restart time, speed-up over the default config at M = 1, 512, 16384).
+// Skips without a GPU.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/op.h"
+#include "warmup/autotuner.h"
+#include "warmup/envelope.h"
+#include "warmup/tuning_cache.h"
+
+namespace fusedserve {
+namespace {
+
+std::string TempDir() {
+  std::string tmpl = ::testing::TempDir() + "/autotuner_test.XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+double RelError(const HostTensor& got, const HostTensor& want) {
+  const std::vector<float> g = got.ToFloat(), w = want.ToFloat();
+  if (g.size() != w.size()) return INFINITY;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+    norm += double(w[i]) * w[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+const std::vector<EnvelopeEntry>& SomeEntries() {
+  static const std::vector<EnvelopeEntry> entries = {
+      {"rms_norm", DType::kBF16, {1, 4096}},
+      {"rms_norm", DType::kBF16, {512, 4096}},
+      {"add_rms_norm", DType::kBF16, {64, 4096}},
+      {"softmax", DType::kBF16, {8, 32000}},
+      {"silu_and_mul", DType::kBF16, {32, 14336}},
+      {"rope", DType::kBF16, {128, 32, 8, 128}},
+      {"linear", DType::kBF16, {16, 4096, 4096}},
+      {"attention", DType::kBF16, {512, 32, 8, 128}},
+      {"attention_decode", DType::kBF16, {4, 1024, 32, 8, 128}},
+  };
+  return entries;
+}
+
+TEST(Autotuner, WinnersMatchTheCpuReference) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::unique_ptr<Tuner> tuner = MakeCudaTuner();
+  ASSERT_NE(tuner, nullptr);
+  std::printf("stamp: %s\n", tuner->Stamp().ToString().c_str());
+  std::map<std::string, std::string> winners;  // EntryId -> config
+  for (const EnvelopeEntry& e : SomeEntries()) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<TuneResult> r = tuner->Tune(e, nullptr);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(r.ok()) << e.op << ": " << r.status();
+    std::string line = e.op + " " + FormatTuningKey(e.op, e.key) + ": " + std::to_string(r->candidates) +
+                       " candidates, " + std::to_string(r->benchmarks) + " timed";
+    for (const CandidateTime& c : r->accepted) line += ", " + c.config + " " + std::to_string(c.us) + " us";
+    for (const auto& [config, why] : r->rejected) line += ", REJECTED " + config + " (" + why + ")";
+    std::printf("%s [%.2f s]\n", line.c_str(), s);
+    if (!r->supported) {
+      std::printf("  not supported: %s\n", r->note.c_str());
+      continue;
+    }
+    if (r->candidates > 1) {
+      EXPECT_FALSE(r->accepted.empty()) << e.op;
+      EXPECT_EQ(r->benchmarks, static_cast<int64_t>(r->accepted.size()));
+      for (const CandidateTime& c : r->accepted) EXPECT_GT(c.us, 0) << e.op << " " << c.config;
+      // The default config is always valid, so it is never rejected.
+      for (const auto& [config, why] : r->rejected) EXPECT_NE(config, r->default_config);
+    }
+    winners[EntryId(e.op, e.dtype, e.key)] = r->accepted.empty() ? r->default_config : r->accepted[0].config;
+  }
+  tuner->Release();
+
+  // Run each winner through the serving backend and compare with the CPU oracle.
+  absl::StatusOr<std::unique_ptr<Backend>> cuda =
+      MakeCudaBackend(0, [&](const std::string& op, DType dtype, const std::vector<int64_t>& key) {
+        auto it = winners.find(EntryId(op, dtype, BucketKey(op, key)));
+        return it == winners.end() ? std::string() : it->second;
+      });
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  for (const EnvelopeEntry& e : SomeEntries()) {
+    if (!winners.count(EntryId(e.op, e.dtype, e.key))) continue;
+    const OpRequest req = MakeRandomRequest(e.op, e.dtype, e.key, 42);
+    absl::StatusOr<TensorMap> got = (*cuda)->Run(req);
+    absl::StatusOr<TensorMap> want = cpu->Run(req);
+    ASSERT_TRUE(got.ok()) << e.op << ": " << got.status();
+    ASSERT_TRUE(want.ok()) << e.op << ": " << want.status();
+    for (const auto& [name, t] : *want) {
+      const double rel = RelError(got->at(name), t);
+      std::printf("%s %s winner %s: %s rel error %.2e\n", e.op.c_str(), FormatTuningKey(e.op, e.key).c_str(),
+                  winners[EntryId(e.op, e.dtype, e.key)].c_str(), name.c_str(), rel);
+      EXPECT_LT(rel, 2e-2) << e.op << " " << name;
+    }
+  }
+}
+
+std::unique_ptr<TuningService> Service(const WarmupOptions& o) {
+  std::unique_ptr<Tuner> tuner = MakeCudaTuner();
+  const CacheStamp stamp = tuner->Stamp();
+  absl::StatusOr<std::unique_ptr<TuningService>> s = CreateTuningService(o, stamp, std::move(tuner));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+TEST(Autotuner, ColdStartTunesSecondStartIsWarm) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/env.json") << R"([
+      {"op": "rms_norm", "dtype": "bf16", "key": [1, 4096]},
+      {"op": "rms_norm", "dtype": "bf16", "key": [4096, 4096]},
+      {"op": "gelu", "dtype": "bf16", "key": [512, 14336]},
+      {"op": "linear", "dtype": "bf16", "key": [1, 6144, 4096]},
+      {"op": "attention_decode", "dtype": "bf16", "key": [16, 4096, 32, 8, 128]}])";
+  WarmupOptions o;
+  o.cache_path = dir + "/cache.json";
+  o.envelope_path = dir + "/env.json";
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, nullptr);
+  ASSERT_TRUE(backend.ok());
+  auto log = [](const std::string& l) { std::printf("  %s\n", l.c_str()); };
+
+  std::unique_ptr<TuningService> cold = Service(o);
+  ASSERT_TRUE(cold->Warmup(backend->get(), log).ok());
+  const WarmupReport c = cold->report();
+  EXPECT_EQ(c.misses, 5);
+  EXPECT_GT(c.benchmarks, 0);
+  EXPECT_EQ(c.entries, 5);
+
+  std::unique_ptr<TuningService> warm = Service(o);
+  ASSERT_TRUE(warm->Warmup(backend->get(), log).ok());
+  const WarmupReport w = warm->report();
+  EXPECT_EQ(w.cache_state, "loaded");
+  EXPECT_EQ(w.hits, 5);
+  EXPECT_EQ(w.benchmarks, 0);
+  std::printf("cold %.2f s (%lld configs timed), warm %.2f s\n", c.seconds, static_cast<long long>(c.benchmarks),
+              w.seconds);
+}
+
+// The closing-note numbers: opt-in, it takes about a minute.
+TEST(Autotuner, DefaultEnvelopeColdAndWarm) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU";
+  if (std::getenv("FUSEDSERVE_TUNE_DEFAULT_ENVELOPE") == nullptr) {
+    GTEST_SKIP() << "set FUSEDSERVE_TUNE_DEFAULT_ENVELOPE=1";
+  }
+  const std::string dir = TempDir();
+  WarmupOptions o;
+  o.cache_path = dir + "/cache.json";
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, nullptr);
+  ASSERT_TRUE(backend.ok());
+  auto log = [](const std::string& l) { std::printf("  %s\n", l.c_str()); std::fflush(stdout); };
+
+  std::unique_ptr<TuningService> cold = Service(o);
+  ASSERT_TRUE(cold->Warmup(backend->get(), log).ok());
+  const WarmupReport c = cold->report();
+
+  std::unique_ptr<TuningService> warm = Service(o);
+  ASSERT_TRUE(warm->Warmup(backend->get(), log).ok());
+  const WarmupReport w = warm->report();
+  EXPECT_EQ(w.benchmarks, 0);
+  std::printf("default envelope: %zu entries; cold tune %.1f s (%lld configs timed); warm restart %.2f s, "
+              "%lld timed\n",
+              cold->envelope().size(), c.seconds, static_cast<long long>(c.benchmarks), w.seconds,
+              static_cast<long long>(w.benchmarks));
+  std::printf("speed-up of the tuned config over the default (default us / tuned us):\n");
+  for (const TuningEntry& e : TuningCache::Open(o.cache_path, MakeCudaTuner()->Stamp())->entries()) {
+    if (e.key[0] != 1 && e.key[0] != 512 && e.key[0] != 16384) continue;
+    if (e.time_us <= 0 || e.default_us <= 0) continue;
+    std::printf("  %-18s %-28s %-14s %9.2f us  default %9.2f us  x%.2f\n", e.op.c_str(),
+                FormatTuningKey(e.op, e.key).c_str(), e.config.c_str(), e.time_us, e.default_us,
+                e.default_us / e.time_us);
+  }
+}
+
+}  // namespace
+}  // namespace fusedserve

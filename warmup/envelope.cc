@@ -1,0 +1,160 @@
+// Default shape envelope and the envelope file parser (format in envelope.h).
+#include "warmup/envelope.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/op.h"
+#include "nlohmann/json.hpp"
+#include "warmup/tuning_cache.h"
+
+namespace fusedserve {
+namespace {
+
+bool IsRowOp(const std::string& op) {
+  return op == "rms_norm" || op == "add_rms_norm" || op == "add_rms_norm_silu" || op == "layer_norm" ||
+         op == "softmax" || op == "silu_and_mul" || op == "gelu";
+}
+
+std::vector<const char*> KeyNames(const std::string& op) {
+  if (op == "softmax" || op == "gelu") return {"M", "N"};
+  if (op == "silu_and_mul") return {"M", "I"};
+  if (IsRowOp(op)) return {"M", "H"};
+  if (op == "rope" || op == "attention") return {"T", "Hq", "Hkv", "D"};
+  if (op == "linear") return {"M", "N", "K"};
+  if (op == "swiglu_mlp") return {"M", "D", "I"};
+  if (op == "attention_decode") return {"B", "L", "Hq", "Hkv", "D"};
+  return {};
+}
+
+}  // namespace
+
+absl::Status ValidateTuningKey(const std::string& op, const std::vector<int64_t>& key) {
+  if (FindOpSpec(op) == nullptr) return absl::InvalidArgumentError("unknown op '" + op + "'");
+  const std::vector<const char*> names = KeyNames(op);
+  if (key.size() != names.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " key must have ", names.size(), " dims (", FormatTuningKey(op, {}), "), got ", key.size()));
+  }
+  for (size_t i = 0; i < key.size(); ++i) {
+    if (key[i] <= 0 || key[i] > (int64_t{1} << 31)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, " key dim ", names[i], " = ", key[i], " is out of range"));
+    }
+  }
+  if (op == "rope" || op == "attention" || op == "attention_decode") {
+    const int64_t hq = key[op == "attention_decode" ? 2 : 1], hkv = key[op == "attention_decode" ? 3 : 2];
+    if (hq % hkv != 0) return absl::InvalidArgumentError(op + " key: Hq must be a multiple of Hkv");
+  }
+  if (op == "rope" && key[3] % 2 != 0) return absl::InvalidArgumentError("rope key: D must be even");
+  return absl::OkStatus();
+}
+
+std::string FormatTuningKey(const std::string& op, const std::vector<int64_t>& key) {
+  const std::vector<const char*> names = KeyNames(op);
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += " ";
+    out += names[i];
+    if (i < key.size()) absl::StrAppend(&out, "=", key[i]);
+  }
+  return out;
+}
+
+std::vector<int64_t> SmallTuningKey(const std::string& op, const std::vector<int64_t>& key) {
+  auto cap = [](int64_t v, int64_t c) { return std::min(v, c); };
+  if (IsRowOp(op)) return {1, cap(key[1], 256)};
+  if (op == "linear" || op == "swiglu_mlp") return {1, cap(key[1], 256), cap(key[2], 256)};
+  // Heads: keep the GQA ratio (up to 4) with one KV head; D even, at most 64.
+  const bool decode = op == "attention_decode";
+  const int64_t hq = key[decode ? 2 : 1], hkv = key[decode ? 3 : 2], d = key[decode ? 4 : 3];
+  const int64_t group = cap(hkv > 0 ? hq / hkv : 1, 4);
+  const int64_t d_small = std::max<int64_t>(2, cap(d, 64) / 2 * 2);
+  if (op == "rope") return {1, group, 1, d_small};
+  if (op == "attention") return {4, group, 1, d_small};
+  if (decode) return {1, cap(key[1], 64), group, 1, d_small};
+  return key;
+}
+
+std::vector<EnvelopeEntry> DefaultEnvelope(const WarmupOptions& o) {
+  std::vector<int64_t> buckets;
+  const int64_t max_bucket = RoundUpPow2(std::max<int64_t>(1, o.max_tokens));
+  for (int64_t m = 1; m <= max_bucket; m *= 2) buckets.push_back(m);
+
+  const int64_t H = o.hidden_size, I = o.intermediate_size, Hq = o.num_q_heads, Hkv = o.num_kv_heads,
+                D = o.head_dim, V = o.vocab_size;
+  std::vector<EnvelopeEntry> env;
+  auto add = [&](const std::string& op, std::vector<int64_t> rest) {
+    for (int64_t m : buckets) {
+      std::vector<int64_t> key{m};
+      key.insert(key.end(), rest.begin(), rest.end());
+      env.push_back({op, o.dtype, key});
+    }
+  };
+  for (const char* op : {"rms_norm", "add_rms_norm", "add_rms_norm_silu", "layer_norm"}) add(op, {H});
+  add("silu_and_mul", {I});
+  add("gelu", {I});
+  add("softmax", {V});
+  add("rope", {Hq, Hkv, D});
+  add("linear", {(Hq + 2 * Hkv) * D, H});
+  add("linear", {H, Hq * D});
+  add("swiglu_mlp", {H, I});
+  add("attention", {Hq, Hkv, D});
+  // Decode batches: the KV cache of B sequences of L tokens (K and V) within 2 GiB.
+  constexpr int64_t kMaxKvBytes = int64_t{2} << 30;
+  for (int64_t L : {1024, 4096}) {
+    for (int64_t B : buckets) {
+      const int64_t kv_bytes = 2 * B * L * Hkv * D * static_cast<int64_t>(DTypeSize(o.dtype));
+      if (B > 256 || kv_bytes > kMaxKvBytes) break;
+      env.push_back({"attention_decode", o.dtype, {B, L, Hq, Hkv, D}});
+    }
+  }
+  return env;
+}
+
+absl::StatusOr<std::vector<EnvelopeEntry>> ParseEnvelope(const std::string& text) {
+  using json = nlohmann::json;
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("envelope is not valid JSON");
+  if (!doc.is_array()) return absl::InvalidArgumentError("envelope must be a JSON list of {op, dtype, key}");
+  std::vector<EnvelopeEntry> env;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < doc.size(); ++i) {
+    const json& j = doc[i];
+    const std::string where = absl::StrCat("envelope[", i, "]");
+    if (!j.is_object()) return absl::InvalidArgumentError(where + " is not an object");
+    auto op = j.find("op"), dtype = j.find("dtype"), key = j.find("key");
+    if (op == j.end() || !op->is_string()) return absl::InvalidArgumentError(where + ".op must be a string");
+    EnvelopeEntry e;
+    e.op = op->get<std::string>();
+    if (dtype == j.end() || !dtype->is_string() || !ParseDTypeFileName(dtype->get<std::string>(), &e.dtype)) {
+      return absl::InvalidArgumentError(where + ".dtype must be \"bf16\", \"f16\" or \"f32\"");
+    }
+    if (key == j.end() || !key->is_array()) return absl::InvalidArgumentError(where + ".key must be a list");
+    for (const json& d : *key) {
+      if (!d.is_number_integer()) return absl::InvalidArgumentError(where + ".key must hold integers");
+      e.key.push_back(d.get<int64_t>());
+    }
+    if (absl::Status s = ValidateTuningKey(e.op, e.key); !s.ok()) {
+      return absl::InvalidArgumentError(where + ": " + std::string(s.message()));
+    }
+    e.key = BucketKey(e.op, e.key);
+    if (seen.insert(EntryId(e.op, e.dtype, e.key)).second) env.push_back(std::move(e));
+  }
+  return env;
+}
+
+absl::StatusOr<std::vector<EnvelopeEntry>> LoadEnvelopeFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read envelope file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<std::vector<EnvelopeEntry>> env = ParseEnvelope(ss.str());
+  if (!env.ok()) return absl::InvalidArgumentError(path + ": " + std::string(env.status().message()));
+  return env;
+}
+
+}  // namespace fusedserve

@@ -1,0 +1,414 @@
+// Benchmark of the memory-bound CUDA ops (norms, softmax, activations, rope)
+// at bf16, every candidate config of every shape, against the measured
+// device-to-device copy bandwidth and the peers of ../shared/PEERS.md.
+//
+//   gpu_memory_bound_bench [OUT.json] [--quick]
+//
+// Method (METHOD.md): the ceiling is cudaMemcpyAsync device-to-device over
+// 1 GiB, counting bytes read + written. Each op call goes through
+// RunMemoryBoundOp, the production path. Inputs and outputs rotate over
+// enough copies to span 5x the L2 (at most 64 copies, so M <= 32 stays
+// L2-resident, as in the peers' runs); a CUDA graph of K back-to-back calls
+// is replayed, each replay timed with events, per-call time = replay / K,
+// median of the replays. Bytes: each input read once and each output written
+// once (weights and biases included, positions 4 bytes per token):
+//   rms_norm 2MH+H, add_rms_norm 4MH+H, add_rms_norm_silu 3MH+H,
+//   layer_norm 2MH+2H, softmax 2MN, silu_and_mul 3MI, gelu 2MH,
+//   rope 2T(Hq+Hkv)D  (elements; times 2 bytes for bf16).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/dispatch.h"
+#include "kernels/op.h"
+
+namespace fusedserve {
+namespace {
+
+#define BENCH_CHECK(expr)                                                                    \
+  do {                                                                                       \
+    cudaError_t err_ = (expr);                                                               \
+    if (err_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__,           \
+                   cudaGetErrorString(err_));                                                \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+// Best peer GPU times (µs) from ../shared/PEERS.md, by "op M=.. shape" label.
+struct Peer {
+  double h100_us;
+  double h200_us;
+};
+const std::map<std::string, Peer>& Peers() {
+  static const std::map<std::string, Peer> m = [] {
+    std::map<std::string, Peer> p;
+    const int64_t ms[] = {1, 32, 512, 4096, 16384};
+    auto add = [&](const std::string& label, std::vector<double> h100, std::vector<double> h200) {
+      for (int i = 0; i < 5; ++i) p[label + " M=" + std::to_string(ms[i])] = {h100[i], h200[i]};
+    };
+    add("rms_norm H=4096", {1.68, 2.36, 4.81, 26.27, 93.73}, {1.61, 2.30, 4.30, 20.21, 68.94});
+    add("rms_norm H=8192", {2.00, 2.87, 7.76, 49.09, 182}, {1.96, 2.82, 6.24, 37.37, 130});
+    add("add_rms_norm H=4096", {1.73, 2.63, 7.70, 50.24, 183}, {1.71, 2.54, 6.00, 38.16, 135});
+    add("layer_norm H=4096", {1.87, 2.59, 5.36, 26.93, 94.54}, {1.83, 2.51, 4.93, 21.58, 73.46});
+    add("softmax N=32000", {4.83, 6.21, 31.31, 192, 735}, {4.82, 5.89, 27.54, 171, 660});
+    add("softmax N=128256", {9.66, 20.25, 171, 1211, 4689}, {9.21, 17.41, 155, 1113, 4338});
+    add("silu_and_mul I=14336", {1.36, 2.82, 17.82, 119, 465}, {1.26, 2.54, 13.16, 85.21, 328});
+    add("rope 32x8x128", {1.50, 2.53, 5.68, 33.57, 122}, {1.43, 2.26, 4.68, 25.05, 88.22});
+    add("gelu_tanh H=14336", {1.36, 2.47, 12.19, 82.08, 314}, {1.30, 2.32, 10.61, 68.18, 257});
+    return p;
+  }();
+  return m;
+}
+
+struct Case {
+  std::string label;  // "rms_norm H=4096" (+ " M=..")
+  std::string op;
+  std::vector<int64_t> key;
+  Attrs attrs;
+};
+
+std::vector<Case> Cases(bool quick) {
+  std::vector<Case> out;
+  std::vector<int64_t> ms = {1, 32, 512, 4096, 16384};
+  if (quick) ms = {1, 512, 16384};
+  const Attrs tanh = {{"approximate", std::string("tanh")}};
+  const Attrs erf = {{"approximate", std::string("none")}};
+  for (int64_t m : ms) {
+    out.push_back({"rms_norm H=4096", "rms_norm", {m, 4096}, {}});
+    out.push_back({"rms_norm H=8192", "rms_norm", {m, 8192}, {}});
+    out.push_back({"add_rms_norm H=4096", "add_rms_norm", {m, 4096}, {}});
+    out.push_back({"add_rms_norm_silu H=4096", "add_rms_norm_silu", {m, 4096}, {}});
+    out.push_back({"layer_norm H=4096", "layer_norm", {m, 4096}, {}});
+    out.push_back({"softmax N=32000", "softmax", {m, 32000}, {}});
+    out.push_back({"softmax N=128256", "softmax", {m, 128256}, {}});
+    out.push_back({"silu_and_mul I=14336", "silu_and_mul", {m, 14336}, {}});
+    out.push_back({"gelu_tanh H=14336", "gelu", {m, 14336}, tanh});
+    out.push_back({"gelu_erf H=14336", "gelu", {m, 14336}, erf});
+    out.push_back({"rope 32x8x128", "rope", {m, 32, 8, 128}, {}});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Case& a, const Case& b) { return a.label < b.label; });
+  return out;
+}
+
+// A request carrying shapes only (no data): enough for OutputShapes,
+// TuningKey and the dispatcher's attributes.
+OpRequest ShapeRequest(const Case& c) {
+  OpRequest r;
+  r.op = c.op;
+  for (const AttrSpec& a : FindOpSpec(c.op)->attrs) r.attrs[a.name] = a.default_value;
+  for (const auto& [k, v] : c.attrs) r.attrs[k] = v;
+  auto t = [](DType dt, std::vector<int64_t> shape) {
+    HostTensor h;
+    h.dtype = dt;
+    h.shape = std::move(shape);
+    return h;
+  };
+  const DType bf = DType::kBF16;
+  const auto& k = c.key;
+  if (c.op == "rope") {
+    r.inputs["q"] = t(bf, {k[0], k[1], k[3]});
+    r.inputs["k"] = t(bf, {k[0], k[2], k[3]});
+    r.inputs["positions"] = t(DType::kI32, {k[0]});
+  } else if (c.op == "silu_and_mul") {
+    r.inputs["x"] = t(bf, {k[0], 2 * k[1]});
+  } else {
+    r.inputs["x"] = t(bf, {k[0], k[1]});
+    if (c.op != "softmax" && c.op != "gelu") r.inputs["weight"] = t(bf, {k[1]});
+    if (c.op == "add_rms_norm" || c.op == "add_rms_norm_silu") r.inputs["residual"] = t(bf, {k[0], k[1]});
+    if (c.op == "layer_norm") r.inputs["bias"] = t(bf, {k[1]});
+  }
+  return r;
+}
+
+int64_t Numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// Random bf16 in [lo, hi) on the device, tiled from one uploaded block.
+class RandomSource {
+ public:
+  RandomSource() {
+    std::mt19937_64 rng(1234);
+    for (auto [lo, hi, ptr] : {std::tuple{-1.0f, 1.0f, &uniform_}, std::tuple{0.5f, 1.5f, &weights_}}) {
+      std::uniform_real_distribution<float> dist(lo, hi);
+      std::vector<uint16_t> h(kElems);
+      for (auto& v : h) v = FloatToBf16(dist(rng));
+      BENCH_CHECK(cudaMalloc(ptr, kElems * 2));
+      BENCH_CHECK(cudaMemcpy(*ptr, h.data(), kElems * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  void Fill(void* dst, int64_t elems, bool weight) const {
+    const char* src = static_cast<const char*>(weight ? weights_ : uniform_);
+    for (int64_t off = 0; off < elems; off += kElems) {
+      const int64_t n = std::min<int64_t>(kElems, elems - off);
+      BENCH_CHECK(cudaMemcpy(static_cast<char*>(dst) + off * 2, src, n * 2, cudaMemcpyDeviceToDevice));
+    }
+  }
+
+ private:
+  // Prime-ish so that rows of power-of-two length do not repeat exactly.
+  static constexpr int64_t kElems = (int64_t{1} << 24) + 4099;
+  void* uniform_ = nullptr;
+  void* weights_ = nullptr;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double CopyBandwidthGBs(cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  BENCH_CHECK(cudaMalloc(&a, bytes));
+  BENCH_CHECK(cudaMalloc(&b, bytes));
+  BENCH_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int i = 0; i < 13; ++i) {
+    BENCH_CHECK(cudaEventRecord(e0, stream));
+    BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+    BENCH_CHECK(cudaEventRecord(e1, stream));
+    BENCH_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (Median(ms) * 1e-3) / 1e9;
+}
+
+struct ConfigResult {
+  std::string config;
+  double us = 0;
+  std::string error;
+};
+
+// Times one config: median over replays of a graph of K calls, µs per call.
+ConfigResult TimeConfig(const OpRequest& r, const std::vector<DeviceTensorMap>& ins,
+                        const std::vector<DeviceTensorMap>& outs, const std::string& cfg, cudaStream_t stream) {
+  ConfigResult res;
+  res.config = cfg;
+  DispatchContext ctx;
+  ctx.stream = stream;
+  ctx.config = [&cfg](const std::string&, DType, const std::vector<int64_t>&) { return cfg; };
+  const size_t sets = ins.size();
+  auto call = [&](size_t i) -> bool {
+    bool handled = false;
+    const CudaStatus s = RunMemoryBoundOp(r, ins[i % sets], outs[i % sets], ctx, &handled);
+    if (!handled || !s.ok()) {
+      res.error = handled ? s.message : "not handled";
+      return false;
+    }
+    return true;
+  };
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  // Warm-up over every set, then a rough per-call time to size the graph.
+  for (size_t i = 0; i < sets; ++i)
+    if (!call(i)) return res;
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  const int probe = static_cast<int>(std::max<size_t>(sets, 5));
+  BENCH_CHECK(cudaEventRecord(e0, stream));
+  for (int i = 0; i < probe; ++i) call(i);
+  BENCH_CHECK(cudaEventRecord(e1, stream));
+  BENCH_CHECK(cudaEventSynchronize(e1));
+  float probe_ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&probe_ms, e0, e1));
+  const double est_us = std::max(1.0, probe_ms * 1e3 / probe);
+  const int k = static_cast<int>(std::clamp(3000.0 / est_us, 8.0, 1000.0));
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  bool ok = true;
+  for (int i = 0; i < k && ok; ++i) ok = call(i);
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  if (!ok) {
+    cudaGraphDestroy(graph);
+    return res;
+  }
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<double> us;
+  for (int rep = 0; rep < 12; ++rep) {
+    BENCH_CHECK(cudaEventRecord(e0, stream));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaEventRecord(e1, stream));
+    BENCH_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (rep >= 2) us.push_back(t * 1e3 / k);
+  }
+  BENCH_CHECK(cudaGetLastError());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  res.us = Median(us);
+  return res;
+}
+
+std::string Fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+}  // namespace fusedserve
+
+int main(int argc, char** argv) {
+  using namespace fusedserve;
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      json_path = argv[i];
+    }
+  }
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const bool h200 = std::string(prop.name).find("H200") != std::string::npos;
+  cudaStream_t stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double copy_gbs = CopyBandwidthGBs(stream);
+  std::printf("device %s, %d SMs, L2 %d MB; copy ceiling (D2D, read+write) %.0f GB/s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+  const RandomSource source;
+
+  nlohmann::json rows = nlohmann::json::array();
+  struct Line {
+    std::string label, cfg, us, gbs, pct, peer, ratio, target;
+  };
+  std::vector<Line> lines;
+  for (const Case& c : Cases(quick)) {
+    const OpRequest r = ShapeRequest(c);
+    const OpSpec* spec = FindOpSpec(c.op);
+    // Bytes per call and per rotation set.
+    int64_t bytes = 0;
+    for (const auto& [name, t] : r.inputs) bytes += Numel(t.shape) * DTypeSize(t.dtype);
+    const auto out_shapes = OutputShapes(r);
+    for (const auto& [name, shape] : out_shapes) bytes += Numel(shape) * 2;
+    const int64_t l2 = prop.l2CacheSize;
+    const size_t sets = static_cast<size_t>(std::clamp<int64_t>((5 * l2 + bytes - 1) / bytes, 1, 64));
+
+    std::vector<void*> allocs;
+    std::vector<DeviceTensorMap> ins(sets), outs(sets);
+    for (size_t s = 0; s < sets; ++s) {
+      for (const auto& [name, t] : r.inputs) {
+        const bool index =
+            std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) != spec->index_inputs.end();
+        DeviceTensor d{index ? DType::kI32 : t.dtype, t.shape, nullptr};
+        const int64_t n = Numel(t.shape);
+        BENCH_CHECK(cudaMalloc(&d.data, n * DTypeSize(d.dtype)));
+        allocs.push_back(d.data);
+        if (index) {
+          std::vector<int32_t> pos(n);
+          for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
+          BENCH_CHECK(cudaMemcpy(d.data, pos.data(), n * 4, cudaMemcpyHostToDevice));
+        } else {
+          source.Fill(d.data, n, name == "weight");
+        }
+        ins[s][name] = d;
+      }
+      for (const auto& [name, shape] : out_shapes) {
+        DeviceTensor d{DType::kBF16, shape, nullptr};
+        BENCH_CHECK(cudaMalloc(&d.data, Numel(shape) * 2));
+        allocs.push_back(d.data);
+        outs[s][name] = d;
+      }
+    }
+    std::vector<std::string> configs = MemoryBoundCandidates(c.op, DType::kBF16, TuningKey(r));
+    std::vector<ConfigResult> results;
+    ConfigResult best;
+    for (const std::string& cfg : configs) {
+      ConfigResult res = TimeConfig(r, ins, outs, cfg, stream);
+      if (!res.error.empty()) std::fprintf(stderr, "%s %s: %s\n", c.label.c_str(), cfg.c_str(), res.error.c_str());
+      if (res.error.empty() && (best.us == 0 || res.us < best.us)) best = res;
+      results.push_back(res);
+    }
+    for (void* p : allocs) BENCH_CHECK(cudaFree(p));
+
+    const std::string label = c.label + " M=" + std::to_string(c.key[0]);
+    const double gbs = best.us > 0 ? bytes / (best.us * 1e-6) / 1e9 : 0;
+    const double pct = 100.0 * gbs / copy_gbs;
+    double peer_us = 0;
+    if (auto it = Peers().find(label); it != Peers().end()) peer_us = h200 ? it->second.h200_us : it->second.h100_us;
+    // The targets for this row.
+    const int64_t m = c.key[0];
+    std::string target;
+    bool met = true;
+    if (peer_us > 0) met = met && best.us < peer_us;
+    if (m == 16384) met = met && pct >= 95.0;
+    if (m == 4096) met = met && pct >= 92.0;
+    if (m == 512 && peer_us > 0) met = met && best.us * 1.1 <= peer_us;
+    if (c.op == "softmax" && c.key[1] == 128256 && m >= 4096) met = met && pct >= 90.0;
+    target = best.us > 0 ? (met ? "met" : "MISSED") : "ERROR";
+
+    nlohmann::json row = {{"label", label},          {"op", c.op},       {"key", c.key},
+                          {"bytes", bytes},          {"rotation_sets", sets},
+                          {"best_config", best.config}, {"us", best.us}, {"gb_per_s", gbs},
+                          {"pct_of_copy", pct},      {"peer_us", peer_us}, {"target", target}};
+    nlohmann::json all = nlohmann::json::array();
+    for (const ConfigResult& res : results) {
+      nlohmann::json j = {{"config", res.config}, {"us", res.us}};
+      if (!res.error.empty()) j["error"] = res.error;
+      all.push_back(j);
+    }
+    row["configs"] = all;
+    rows.push_back(row);
+    lines.push_back({label, best.config, Fmt("%.2f", best.us), Fmt("%.0f", gbs), Fmt("%.1f", pct),
+                     peer_us > 0 ? Fmt("%.2f", peer_us) : "-",
+                     peer_us > 0 && best.us > 0 ? Fmt("%.2fx", peer_us / best.us) : "-", target});
+    std::fflush(stdout);
+  }
+
+  std::printf("\n| op / shape | best config | µs | GB/s | %% of copy | best peer µs | speed-up | targets |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const Line& l : lines) {
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", l.label.c_str(), l.cfg.c_str(), l.us.c_str(),
+                l.gbs.c_str(), l.pct.c_str(), l.peer.c_str(), l.ratio.c_str(), l.target.c_str());
+  }
+  std::printf("copy ceiling %.0f GB/s on %s; peers: PEERS.md %s table\n", copy_gbs, prop.name,
+              h200 ? "H200" : "H100");
+  if (!json_path.empty()) {
+    nlohmann::json doc = {{"device", prop.name},
+                          {"sm_count", prop.multiProcessorCount},
+                          {"l2_bytes", prop.l2CacheSize},
+                          {"copy_gb_per_s", copy_gbs},
+                          {"dtype", "bf16"},
+                          {"rows", rows}};
+    std::ofstream(json_path) << doc.dump(1) << "\n";
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  BENCH_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}

@@ -1,0 +1,230 @@
+// Shared device helpers for the memory-bound kernels (norm, softmax,
+// activation, rope): the one vector load/store type, fp32 conversions of the
+// three float dtypes, warp and row reductions, and the host-side dtype switch.
+// Every kernel loads and stores in the tensor's dtype through Vec<T, kN> and
+// accumulates in fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace fusedserve::cuda {
+
+// ---- element types -----------------------------------------------------------
+
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Elements per 16-byte access: 8 for bf16/fp16, 4 for fp32.
+template <typename T>
+constexpr int kVec16 = 16 / static_cast<int>(sizeof(T));
+
+// ---- the vector type ---------------------------------------------------------
+
+// kN consecutive elements, loaded and stored with one access: 16 bytes when
+// kN == kVec16<T> (LDG.E.128 / STG.E.128), one element when kN == 1 (the
+// scalar path for sizes or pointers that are not 16-byte aligned).
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN) Vec {
+  T v[kN];
+
+  // Read-only (non-coherent) path: the inputs are never written by the kernel.
+  __device__ __forceinline__ void Load(const T* p) {
+    if constexpr (sizeof(T) * kN == 16) {
+      const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
+      *reinterpret_cast<uint4*>(v) = r;
+    } else {
+      *this = *reinterpret_cast<const Vec*>(p);
+    }
+  }
+  __device__ __forceinline__ void Store(T* p) const { *reinterpret_cast<Vec*>(p) = *this; }
+
+  // Makes the compiler treat the raw registers as rewritten, so fp32
+  // conversions from an earlier pass over a register-resident row are
+  // recomputed (one cheap instruction each) instead of being kept live:
+  // without it a row held as packed bf16 is also held as fp32, doubling
+  // the registers (seen in the -Xptxas -v report: 84 -> 50 for rms_norm).
+  __device__ __forceinline__ void Launder() {
+    if constexpr (sizeof(T) * kN == 16) {
+      uint4& r = *reinterpret_cast<uint4*>(v);
+      asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
+    } else if constexpr (sizeof(T) * kN == 4) {
+      uint32_t& r = *reinterpret_cast<uint32_t*>(v);
+      asm volatile("" : "+r"(r));
+    } else if constexpr (sizeof(T) * kN == 2) {
+      unsigned short& r = *reinterpret_cast<unsigned short*>(v);
+      asm volatile("" : "+h"(r));
+    }
+  }
+
+  __device__ __forceinline__ void ToFloats(float (&f)[kN]) const {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) f[i] = ToFloat(v[i]);
+  }
+  __device__ __forceinline__ void FromFloats(const float (&f)[kN]) {
+    if constexpr (kN % 2 == 0 && sizeof(T) == 2) {
+      // Paired conversions: one cvt.rn.{bf16x2,f16x2}.f32 per two elements.
+#pragma unroll
+      for (int i = 0; i < kN; i += 2) {
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+          *reinterpret_cast<__nv_bfloat162*>(&v[i]) = __floats2bfloat162_rn(f[i], f[i + 1]);
+        } else {
+          *reinterpret_cast<__half2*>(&v[i]) = __floats2half2_rn(f[i], f[i + 1]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) v[i] = FromFloat<T>(f[i]);
+    }
+  }
+};
+
+// True when p is 16-byte aligned (host or device).
+__host__ __device__ inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- reductions --------------------------------------------------------------
+
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  static __device__ __forceinline__ float Identity() { return 0.0f; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  static __device__ __forceinline__ float Identity() { return -INFINITY; }
+};
+
+// Running (max, sum of exp(x - max)) of a softmax row segment.
+struct MaxSum {
+  float m;
+  float s;
+};
+struct MaxSumOp {
+  __device__ __forceinline__ MaxSum operator()(MaxSum a, MaxSum b) const {
+    const float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY) return {m, 0.0f};  // both empty: avoid exp(-inf - -inf)
+    return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+  }
+  static __device__ __forceinline__ MaxSum Identity() { return {-INFINITY, 0.0f}; }
+};
+
+__device__ __forceinline__ float ShflXor(float v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+__device__ __forceinline__ MaxSum ShflXor(MaxSum v, int lane_mask) {
+  return {__shfl_xor_sync(0xffffffffu, v.m, lane_mask), __shfl_xor_sync(0xffffffffu, v.s, lane_mask)};
+}
+
+// Butterfly reduction over aligned groups of `width` lanes (a power of two
+// <= 32); every lane of the group gets the result.
+template <typename V, typename Op>
+__device__ __forceinline__ V GroupReduce(V v, Op op, int width) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    if (o < width) v = op(v, ShflXor(v, o));
+  }
+  return v;
+}
+
+// Reduction over the threads of one row when a block holds several rows of
+// `tpr` threads each, laid out contiguously (row r = threads [r*tpr, (r+1)*tpr)).
+// tpr is a power of two <= 32 (shuffles only) or a multiple of 32 (shuffles,
+// then per-warp partials through `smem`, which needs blockDim.x / 32 slots).
+// Every thread of the block must call it (it may contain __syncthreads), and
+// every thread of the row gets the result.
+template <typename V, typename Op>
+__device__ __forceinline__ V RowReduce(V v, Op op, int tpr, V* smem) {
+  if (tpr <= 32) return GroupReduce(v, op, tpr);
+  v = GroupReduce(v, op, 32);
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) smem[warp] = v;
+  __syncthreads();
+  const int warps_per_row = tpr >> 5;
+  const int first = (warp / warps_per_row) * warps_per_row;
+  V r = smem[first];
+  for (int i = 1; i < warps_per_row; ++i) r = op(r, smem[first + i]);
+  __syncthreads();  // smem may be reused by the next reduction
+  return r;
+}
+
+// ---- host side -----------------------------------------------------------------
+
+// Calls f(T{}) with T the C++ type of a float dtype; false for other dtypes.
+template <typename F>
+inline bool DispatchFloatType(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kF32: f(float{}); return true;
+    case DType::kF16: f(__half{}); return true;
+    case DType::kBF16: f(__nv_bfloat16{}); return true;
+    default: return false;
+  }
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline bool IsPow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+inline int64_t Pow2Ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// Config strings are dot-separated fields of one letter and a decimal value,
+// e.g. "t256.r1" (a family's Format/Parse functions fix the letters and their
+// order). Returns false on any malformed field.
+inline bool ParseConfigFields(const std::string& s, std::vector<std::pair<char, int>>* fields) {
+  fields->clear();
+  size_t i = 0;
+  while (i < s.size()) {
+    const char key = s[i++];
+    if (key < 'a' || key > 'z') return false;
+    int64_t value = 0;
+    size_t digits = 0;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+      value = value * 10 + (s[i++] - '0');
+      if (value > (1 << 24)) return false;
+      ++digits;
+    }
+    if (digits == 0) return false;
+    fields->emplace_back(key, static_cast<int>(value));
+    if (i < s.size()) {
+      if (s[i] != '.') return false;
+      if (++i == s.size()) return false;
+    }
+  }
+  return !fields->empty();
+}
+
+// Parses "k1<v1>.k2<v2>..." whose letters are exactly `keys` in order.
+inline bool ParseConfigInts(const std::string& s, const char* keys, std::vector<int>* values) {
+  std::vector<std::pair<char, int>> fields;
+  if (!ParseConfigFields(s, &fields)) return false;
+  size_t n = 0;
+  while (keys[n] != '\0') ++n;
+  if (fields.size() != n) return false;
+  values->clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (fields[i].first != keys[i]) return false;
+    values->push_back(fields[i].second);
+  }
+  return true;
+}
+
+}  // namespace fusedserve::cuda

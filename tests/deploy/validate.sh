@@ -70,9 +70,11 @@ step "build-image.sh composes the image build (dry run)" image_cmd
 runtime_list() { "$root/deploy/install-runtime-deps.sh" --print; }
 if [ -r /etc/os-release ] && "$root/deploy/install-runtime-deps.sh" --print >/dev/null 2>&1; then
   step "install-runtime-deps.sh has a package list for this distribution" runtime_list
-  if command -v apt-cache >/dev/null; then
+  if command -v apt-cache >/dev/null && apt-cache show libc6 >/dev/null 2>&1; then
     known() { local p ok=0; for p in $(runtime_list); do apt-cache show "$p" >/dev/null 2>&1 || { echo "unknown package: $p"; ok=1; }; done; return $ok; }
     step "runtime packages exist in this distribution's archive" known
+  else
+    skip "runtime package names" "no apt package lists here (apt-get update)"
   fi
 else
   skip "install-runtime-deps.sh list" "no list for this distribution"

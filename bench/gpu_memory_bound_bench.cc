@@ -4,13 +4,16 @@
 //
 //   gpu_memory_bound_bench [OUT.json] [--quick]
 //
+//   flags: --quick (M in 1, 512, 16384), --max-m N, --no-pdl (launch without
+//   programmatic dependent launch, as FUSEDSERVE_PDL=0)
+//
 // Method (METHOD.md): the ceiling is cudaMemcpyAsync device-to-device over
 // 1 GiB, counting bytes read + written. Each op call goes through
 // RunMemoryBoundOp, the production path. Inputs and outputs rotate over
-// enough copies to span 5x the L2 (at most 64 copies, so M <= 32 stays
-// L2-resident, as in the peers' runs); a CUDA graph of K back-to-back calls
-// is replayed, each replay timed with events, per-call time = replay / K,
-// median of the replays. Bytes: each input read once and each output written
+// enough copies to span 5x the L2, M = 1 included (so every call reads cold
+// data; the peers' M <= 32 rows were L2-resident); a CUDA graph of K
+// back-to-back calls (K >= the number of copies) is replayed, each replay
+// timed with events, per-call time = replay / K, median of the replays. Bytes: each input read once and each output written
 // once (weights and biases included, positions 4 bytes per token):
 //   rms_norm 2MH+H, add_rms_norm 4MH+H, add_rms_norm_silu 3MH+H,
 //   layer_norm 2MH+2H, softmax 2MN, silu_and_mul 3MI, gelu 2MH,
@@ -20,6 +23,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -229,7 +234,7 @@ ConfigResult TimeConfig(const OpRequest& r, const std::vector<DeviceTensorMap>& 
   for (size_t i = 0; i < sets; ++i)
     if (!call(i)) return res;
   BENCH_CHECK(cudaStreamSynchronize(stream));
-  const int probe = static_cast<int>(std::max<size_t>(sets, 5));
+  const int probe = static_cast<int>(std::clamp<size_t>(sets, 5, 500));
   BENCH_CHECK(cudaEventRecord(e0, stream));
   for (int i = 0; i < probe; ++i) call(i);
   BENCH_CHECK(cudaEventRecord(e1, stream));
@@ -237,7 +242,8 @@ ConfigResult TimeConfig(const OpRequest& r, const std::vector<DeviceTensorMap>& 
   float probe_ms = 0;
   BENCH_CHECK(cudaEventElapsedTime(&probe_ms, e0, e1));
   const double est_us = std::max(1.0, probe_ms * 1e3 / probe);
-  const int k = static_cast<int>(std::clamp(3000.0 / est_us, 8.0, 1000.0));
+  // K calls per graph: about 3 ms of work, and every rotation set once.
+  const int k = std::max(static_cast<int>(std::clamp(3000.0 / est_us, 8.0, 1000.0)), static_cast<int>(sets));
 
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -251,7 +257,8 @@ ConfigResult TimeConfig(const OpRequest& r, const std::vector<DeviceTensorMap>& 
   }
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   std::vector<double> us;
-  for (int rep = 0; rep < 12; ++rep) {
+  const int reps = k >= 2000 ? 7 : 12;
+  for (int rep = 0; rep < reps; ++rep) {
     BENCH_CHECK(cudaEventRecord(e0, stream));
     BENCH_CHECK(cudaGraphLaunch(exec, stream));
     BENCH_CHECK(cudaEventRecord(e1, stream));
@@ -282,13 +289,20 @@ int main(int argc, char** argv) {
   using namespace fusedserve;
   std::string json_path;
   bool quick = false;
+  int64_t max_m = INT64_MAX;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--no-pdl") == 0) {
+      setenv("FUSEDSERVE_PDL", "0", 1);  // read once, at the first launch
+    } else if (std::strcmp(argv[i], "--max-m") == 0 && i + 1 < argc) {
+      max_m = std::atoll(argv[++i]);
     } else {
       json_path = argv[i];
     }
   }
+  const char* pdl_env = std::getenv("FUSEDSERVE_PDL");
+  const bool pdl = !(pdl_env != nullptr && pdl_env[0] == '0');
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
     std::printf("no CUDA device\n");
@@ -310,6 +324,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Line> lines;
   for (const Case& c : Cases(quick)) {
+    if (c.key[0] > max_m) continue;
     const OpRequest r = ShapeRequest(c);
     const OpSpec* spec = FindOpSpec(c.op);
     // Bytes per call and per rotation set.
@@ -317,35 +332,35 @@ int main(int argc, char** argv) {
     for (const auto& [name, t] : r.inputs) bytes += Numel(t.shape) * DTypeSize(t.dtype);
     const auto out_shapes = OutputShapes(r);
     for (const auto& [name, shape] : out_shapes) bytes += Numel(shape) * 2;
+    // Rotation: every tensor of every set in one allocation per tensor name,
+    // sets spanning 5x the L2 (each call's data is cold in L2).
     const int64_t l2 = prop.l2CacheSize;
-    const size_t sets = static_cast<size_t>(std::clamp<int64_t>((5 * l2 + bytes - 1) / bytes, 1, 64));
-
+    const size_t sets = static_cast<size_t>(std::clamp<int64_t>((5 * l2 + bytes - 1) / bytes, 1, 16384));
     std::vector<void*> allocs;
     std::vector<DeviceTensorMap> ins(sets), outs(sets);
-    for (size_t s = 0; s < sets; ++s) {
-      for (const auto& [name, t] : r.inputs) {
-        const bool index =
-            std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) != spec->index_inputs.end();
-        DeviceTensor d{index ? DType::kI32 : t.dtype, t.shape, nullptr};
-        const int64_t n = Numel(t.shape);
-        BENCH_CHECK(cudaMalloc(&d.data, n * DTypeSize(d.dtype)));
-        allocs.push_back(d.data);
-        if (index) {
-          std::vector<int32_t> pos(n);
-          for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i);
-          BENCH_CHECK(cudaMemcpy(d.data, pos.data(), n * 4, cudaMemcpyHostToDevice));
-        } else {
-          source.Fill(d.data, n, name == "weight");
-        }
-        ins[s][name] = d;
+    auto pool = [&](const std::string& name, DType dt, const std::vector<int64_t>& shape, bool input,
+                    std::vector<DeviceTensorMap>& maps) {
+      const int64_t n = Numel(shape);
+      const int64_t stride = (n * static_cast<int64_t>(DTypeSize(dt)) + 255) / 256 * 256;
+      char* base = nullptr;
+      BENCH_CHECK(cudaMalloc(&base, stride * sets));
+      allocs.push_back(base);
+      if (dt == DType::kI32) {
+        std::vector<int32_t> pos(static_cast<size_t>(stride / 4 * sets));
+        for (size_t s = 0; s < sets; ++s)
+          for (int64_t i = 0; i < n; ++i) pos[s * (stride / 4) + i] = static_cast<int32_t>(i);
+        BENCH_CHECK(cudaMemcpy(base, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+      } else if (input) {
+        source.Fill(base, stride * static_cast<int64_t>(sets) / 2, name == "weight");
       }
-      for (const auto& [name, shape] : out_shapes) {
-        DeviceTensor d{DType::kBF16, shape, nullptr};
-        BENCH_CHECK(cudaMalloc(&d.data, Numel(shape) * 2));
-        allocs.push_back(d.data);
-        outs[s][name] = d;
-      }
+      for (size_t s = 0; s < sets; ++s) maps[s][name] = DeviceTensor{dt, shape, base + stride * s};
+    };
+    for (const auto& [name, t] : r.inputs) {
+      const bool index =
+          std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) != spec->index_inputs.end();
+      pool(name, index ? DType::kI32 : t.dtype, t.shape, true, ins);
     }
+    for (const auto& [name, shape] : out_shapes) pool(name, DType::kBF16, shape, false, outs);
     std::vector<std::string> configs = MemoryBoundCandidates(c.op, DType::kBF16, TuningKey(r));
     std::vector<ConfigResult> results;
     ConfigResult best;
@@ -397,14 +412,15 @@ int main(int argc, char** argv) {
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", l.label.c_str(), l.cfg.c_str(), l.us.c_str(),
                 l.gbs.c_str(), l.pct.c_str(), l.peer.c_str(), l.ratio.c_str(), l.target.c_str());
   }
-  std::printf("copy ceiling %.0f GB/s on %s; peers: PEERS.md %s table\n", copy_gbs, prop.name,
-              h200 ? "H200" : "H100");
+  std::printf("copy ceiling %.0f GB/s on %s; programmatic dependent launch %s; peers: PEERS.md %s table\n",
+              copy_gbs, prop.name, pdl ? "on" : "off (FUSEDSERVE_PDL=0)", h200 ? "H200" : "H100");
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", prop.name},
                           {"sm_count", prop.multiProcessorCount},
                           {"l2_bytes", prop.l2CacheSize},
                           {"copy_gb_per_s", copy_gbs},
                           {"dtype", "bf16"},
+                          {"pdl", pdl},
                           {"rows", rows}};
     std::ofstream(json_path) << doc.dump(1) << "\n";
     std::printf("wrote %s\n", json_path.c_str());

@@ -5,7 +5,7 @@
 // vectors (strided by blockDim for coalescing) before computing and storing,
 // so a block keeps threads * kU * 16 bytes (twice that for silu_and_mul) in
 // flight. silu_and_mul maps an output vector to its row with a
-// multiply-shift division (no 64-bit divide per element). Bytes moved:
+// multiply-shift division (FastDiv; no 64-bit divide per element). Bytes moved:
 // silu_and_mul 3 * rows * cols * sizeof(T), gelu 2 * n * sizeof(T).
 #include <algorithm>
 
@@ -19,8 +19,7 @@ struct ActArgs {
   ActParams p;
   int64_t total;     // output vectors
   int64_t vpr;       // output vectors per row (silu_and_mul)
-  uint32_t div_mul;  // idx / vpr == __umulhi(idx, div_mul) >> div_shift for idx < 2^31 (vpr > 1)
-  int div_shift;
+  FastDiv div_row;   // / vpr, for total < 2^31
   bool wide;         // total >= 2^31: plain 64-bit division
 };
 
@@ -38,6 +37,7 @@ constexpr int ActMaxThreads(int unroll) { return unroll >= 4 ? 512 : 1024; }
 template <typename T, int kN, ActKind kKind, int kU>
 __global__ void __launch_bounds__(ActMaxThreads(kU)) ActKernel(const ActArgs a) {
   constexpr bool kSilu = kKind == ActKind::kSiluAndMul;
+  PdlEnter();
   const T* x = static_cast<const T*>(a.p.x);
   T* y = static_cast<T*>(a.p.y);
   const int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kU + threadIdx.x;
@@ -48,12 +48,7 @@ __global__ void __launch_bounds__(ActMaxThreads(kU)) ActKernel(const ActArgs a) 
     const int64_t idx = base + static_cast<int64_t>(k) * blockDim.x;
     if (idx < a.total) {
       if constexpr (kSilu) {
-        int64_t row;
-        if (a.wide) {
-          row = idx / a.vpr;
-        } else {
-          row = a.vpr == 1 ? idx : (__umulhi(static_cast<uint32_t>(idx), a.div_mul) >> a.div_shift);
-        }
+        const int64_t row = a.wide ? idx / a.vpr : a.div_row.Div(static_cast<uint32_t>(idx));
         const int64_t col = idx - row * a.vpr;
         const T* gate = x + row * 2 * a.p.cols + col * kN;  // x[row, col*kN ...]
         g[k].Load(gate);
@@ -88,13 +83,13 @@ __global__ void __launch_bounds__(ActMaxThreads(kU)) ActKernel(const ActArgs a) 
 template <typename T, int kN, ActKind kKind>
 CudaStatus LaunchUnroll(const ActArgs& a, const ActConfig& c, cudaStream_t stream) {
   const int64_t per_block = static_cast<int64_t>(c.threads) * c.unroll;
-  const unsigned grid = static_cast<unsigned>(CeilDiv(a.total, per_block));
+  const dim3 grid(static_cast<unsigned>(CeilDiv(a.total, per_block)));
+  const dim3 block(static_cast<unsigned>(c.threads));
   switch (c.unroll) {
-    case 1: ActKernel<T, kN, kKind, 1><<<grid, c.threads, 0, stream>>>(a); break;
-    case 2: ActKernel<T, kN, kKind, 2><<<grid, c.threads, 0, stream>>>(a); break;
-    default: ActKernel<T, kN, kKind, 4><<<grid, c.threads, 0, stream>>>(a); break;
+    case 1: return LaunchKernel(ActKernel<T, kN, kKind, 1>, grid, block, 0, stream, 1, a);
+    case 2: return LaunchKernel(ActKernel<T, kN, kKind, 2>, grid, block, 0, stream, 1, a);
+    default: return LaunchKernel(ActKernel<T, kN, kKind, 4>, grid, block, 0, stream, 1, a);
   }
-  return FS_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, int kN>
@@ -183,14 +178,7 @@ CudaStatus LaunchActivation(const ActParams& p, const ActConfig& config, cudaStr
   a.total = TotalVectors(p.kind, p.dtype, p.rows, p.cols, scalar);
   a.vpr = scalar ? p.cols : p.cols / static_cast<int64_t>(16 / DTypeSize(p.dtype));
   a.wide = a.total >= (int64_t{1} << 31);
-  if (!a.wide && a.vpr > 1) {
-    int l = 0;
-    while ((int64_t{1} << l) < a.vpr) ++l;  // ceil(log2(vpr))
-    const int p2 = 31 + l;
-    a.div_mul = static_cast<uint32_t>(((uint64_t{1} << p2) + static_cast<uint64_t>(a.vpr) - 1) /
-                                      static_cast<uint64_t>(a.vpr));
-    a.div_shift = p2 - 32;
-  }
+  if (!a.wide) a.div_row = FastDiv(a.vpr);
   ActConfig c = config;
   if (!Fits(c, a.total)) c = DefaultFor(a.total);
   CudaStatus status = CudaStatus::Error("LaunchActivation: unsupported dtype");

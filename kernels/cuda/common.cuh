@@ -10,11 +10,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/dtype.h"
 
 namespace fusedserve::cuda {
@@ -126,11 +128,35 @@ struct MaxSumOp {
   static __device__ __forceinline__ MaxSum Identity() { return {-INFINITY, 0.0f}; }
 };
 
+// (count, mean, sum of squared deviations) of a row segment; combined with
+// Chan et al.'s pairwise update, so layer_norm needs one reduction and keeps
+// two-pass accuracy (each thread's part is exact two-pass over its registers).
+struct MeanM2 {
+  float n;
+  float mean;
+  float m2;
+};
+struct MeanM2Op {
+  __device__ __forceinline__ MeanM2 operator()(MeanM2 a, MeanM2 b) const {
+    if (a.n == 0.0f) return b;
+    if (b.n == 0.0f) return a;
+    const float n = a.n + b.n;
+    const float delta = b.mean - a.mean;
+    const float fb = b.n / n;
+    return {n, a.mean + delta * fb, a.m2 + b.m2 + delta * delta * a.n * fb};
+  }
+};
+
 __device__ __forceinline__ float ShflXor(float v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
 __device__ __forceinline__ MaxSum ShflXor(MaxSum v, int lane_mask) {
   return {__shfl_xor_sync(0xffffffffu, v.m, lane_mask), __shfl_xor_sync(0xffffffffu, v.s, lane_mask)};
+}
+
+__device__ __forceinline__ MeanM2 ShflXor(MeanM2 v, int lane_mask) {
+  return {__shfl_xor_sync(0xffffffffu, v.n, lane_mask), __shfl_xor_sync(0xffffffffu, v.mean, lane_mask),
+          __shfl_xor_sync(0xffffffffu, v.m2, lane_mask)};
 }
 
 // Butterfly reduction over aligned groups of `width` lanes (a power of two
@@ -165,7 +191,80 @@ __device__ __forceinline__ V RowReduce(V v, Op op, int tpr, V* smem) {
   return r;
 }
 
+// ---- programmatic dependent launch (Hopper) ------------------------------------
+//
+// Every kernel here is launched with programmatic stream serialization: the
+// next kernel in the stream may be scheduled while this one still runs, and
+// each kernel waits (griddepcontrol.wait) for its predecessor to complete and
+// flush before touching global memory. That hides the launch latency between
+// back-to-back kernels (the largest cost at M <= 32) and is correct whatever
+// the predecessor is. FUSEDSERVE_PDL=0 in the environment turns it off.
+
+// First statement of every kernel: waits for the previous grid, then lets
+// the next one launch (in this order, at most one grid waits behind a
+// running one).
+__device__ __forceinline__ void PdlEnter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+inline bool PdlEnabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDSERVE_PDL");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  return on;
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with PDL and, when
+// cluster > 1, a 1-D thread-block cluster of that size.
+template <typename... KernelArgs, typename... Args>
+CudaStatus LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                        int cluster, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (PdlEnabled()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 // ---- host side -----------------------------------------------------------------
+
+// Multiply-shift division by a runtime constant d (1 <= d < 2^31) for
+// dividends below 2^31: q = umulhi(n, mul) >> shift (mul = 0 means d == 1).
+struct FastDiv {
+  uint32_t mul = 0;
+  int shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(int64_t d) {
+    if (d <= 1) return;
+    int l = 0;
+    while ((int64_t{1} << l) < d) ++l;  // ceil(log2(d))
+    const int p = 31 + l;
+    mul = static_cast<uint32_t>(((uint64_t{1} << p) + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d));
+    shift = p - 32;
+  }
+  __device__ __forceinline__ uint32_t Div(uint32_t n) const { return mul == 0 ? n : (__umulhi(n, mul) >> shift); }
+};
 
 // Calls f(T{}) with T the C++ type of a float dtype; false for other dtypes.
 template <typename F>

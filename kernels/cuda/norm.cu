@@ -38,19 +38,15 @@ struct NormArgs {
   int rows_per_block;
 };
 
+// y[j] = (f - mean) * rstd * w[j] (+ b[j]) (then silu) for vector j, with
+// w[j] and b[j] already loaded.
 template <typename T, int kN, NormKind kKind>
-__device__ __forceinline__ void StoreNormalized(const float (&f)[kN], float mean, float rstd, const T* w, const T* b,
-                                                int j, T* y) {
-  Vec<T, kN> wv;
-  wv.Load(w + j * kN);
+__device__ __forceinline__ void StoreNormalized(const float (&f)[kN], float mean, float rstd, const Vec<T, kN>& wv,
+                                                const Vec<T, kN>& bv, int j, T* y) {
   float wf[kN];
   wv.ToFloats(wf);
   float bf[kN] = {};
-  if constexpr (kKind == NormKind::kLayer) {
-    Vec<T, kN> bv;
-    bv.Load(b + j * kN);
-    bv.ToFloats(bf);
-  }
+  if constexpr (kKind == NormKind::kLayer) bv.ToFloats(bf);
   float o[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
@@ -62,11 +58,23 @@ __device__ __forceinline__ void StoreNormalized(const float (&f)[kN], float mean
   ov.Store(y + j * kN);
 }
 
+template <typename T, int kN, NormKind kKind>
+__device__ __forceinline__ void LoadParams(const T* w, const T* b, int j, Vec<T, kN>& wv, Vec<T, kN>& bv) {
+  wv.Load(w + j * kN);
+  if constexpr (kKind == NormKind::kLayer) bv.Load(b + j * kN);
+}
+
 template <typename T, int kN, NormKind kKind, int kIters>
 __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormArgs a) {
   constexpr bool kAdd = kKind == NormKind::kAddRms || kKind == NormKind::kAddRmsSilu;
   constexpr bool kLayer = kKind == NormKind::kLayer;
+  // Weight (and bias) loaded with x when the registers allow: at M = 1 that
+  // takes a dependent L2 round trip off the critical path.
+  constexpr int kArrays = 2 + (kAdd ? 1 : 0) + (kLayer ? 1 : 0);
+  constexpr bool kPrefetch = kIters > 0 && kIters * kArrays <= 8;
   __shared__ float red[32];
+  __shared__ MeanM2 red_m2[32];
+  PdlEnter();
   const NormParams& p = a.p;
   const int tpr = a.tpr;
   const int rib = threadIdx.x / tpr;
@@ -105,15 +113,19 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
     // Register path: issue every load of the row first.
     Vec<T, kN> v[kIters];
     Vec<T, kN> r[kAdd ? kIters : 1];
+    Vec<T, kN> wv[kPrefetch ? kIters : 1];
+    Vec<T, kN> bv[kPrefetch && kLayer ? kIters : 1];
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int j = lane + it * tpr;
       if (active && j < nv) {
         v[it].Load(x + j * kN);
         if constexpr (kAdd) r[it].Load(res + j * kN);
+        if constexpr (kPrefetch) LoadParams<T, kN, kKind>(w, b, j, wv[it], bv[kLayer ? it : 0]);
       }
     }
     float acc = 0.0f;
+    MeanM2 part{0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int j = lane + it * tpr;
@@ -122,41 +134,54 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
         combine(v[it], r[kAdd ? it : 0], j, true, f);
 #pragma unroll
         for (int i = 0; i < kN; ++i) acc += kLayer ? f[i] : f[i] * f[i];
+        if constexpr (kLayer) part.n += kN;
       }
     }
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) v[it].Launder();
-    float total = RowReduce(acc, SumOp(), tpr, red);
-    float mean = 0.0f;
+    float mean = 0.0f, rstd;
     if constexpr (kLayer) {
-      mean = total * inv_h;
-      float acc2 = 0.0f;
+      // This thread's exact mean and centred squares, then one Chan-combining
+      // reduction over the row.
+      if (part.n > 0.0f) {
+        part.mean = acc / part.n;
 #pragma unroll
-      for (int it = 0; it < kIters; ++it) {
-        const int j = lane + it * tpr;
-        if (active && j < nv) {
-          float f[kN];
-          v[it].ToFloats(f);
+        for (int it = 0; it < kIters; ++it) {
+          const int j = lane + it * tpr;
+          if (active && j < nv) {
+            float f[kN];
+            v[it].ToFloats(f);
 #pragma unroll
-          for (int i = 0; i < kN; ++i) acc2 += (f[i] - mean) * (f[i] - mean);
+            for (int i = 0; i < kN; ++i) part.m2 += (f[i] - part.mean) * (f[i] - part.mean);
+          }
         }
       }
 #pragma unroll
       for (int it = 0; it < kIters; ++it) v[it].Launder();
-      total = RowReduce(acc2, SumOp(), tpr, red);
+      const MeanM2 total = RowReduce(part, MeanM2Op(), tpr, red_m2);
+      mean = total.mean;
+      rstd = rsqrtf(total.m2 * inv_h + p.eps);
+    } else {
+#pragma unroll
+      for (int it = 0; it < kIters; ++it) v[it].Launder();
+      rstd = rsqrtf(RowReduce(acc, SumOp(), tpr, red) * inv_h + p.eps);
     }
-    const float rstd = rsqrtf(total * inv_h + p.eps);
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int j = lane + it * tpr;
       if (active && j < nv) {
         float f[kN];
         v[it].ToFloats(f);
-        StoreNormalized<T, kN, kKind>(f, mean, rstd, w, b, j, y);
+        if constexpr (kPrefetch) {
+          StoreNormalized<T, kN, kKind>(f, mean, rstd, wv[it], bv[kLayer ? it : 0], j, y);
+        } else {
+          Vec<T, kN> wl, bl;
+          LoadParams<T, kN, kKind>(w, b, j, wl, bl);
+          StoreNormalized<T, kN, kKind>(f, mean, rstd, wl, bl, j, y);
+        }
       }
     }
   } else {
     // Streaming path for rows longer than the registers hold.
+    (void)red_m2;
     float acc = 0.0f, acc2 = 0.0f, shift = 0.0f;
     if constexpr (kLayer) {
       if (active) shift = ToFloat(x[0]);
@@ -197,7 +222,9 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
         if constexpr (kAdd) r.Load(res + j * kN);
         float f[kN];
         combine(v, r, j, false, f);
-        StoreNormalized<T, kN, kKind>(f, mean, rstd, w, b, j, y);
+        Vec<T, kN> wl, bl;
+        LoadParams<T, kN, kKind>(w, b, j, wl, bl);
+        StoreNormalized<T, kN, kKind>(f, mean, rstd, wl, bl, j, y);
       }
     }
   }
@@ -257,8 +284,7 @@ template <typename T, int kN, NormKind kKind, int kIters>
 CudaStatus LaunchTyped(const NormArgs& a, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(CeilDiv(a.p.rows, a.rows_per_block));
   const unsigned block = static_cast<unsigned>(a.tpr * a.rows_per_block);
-  NormKernel<T, kN, kKind, kIters><<<grid, block, 0, stream>>>(a);
-  return FS_CUDA_CHECK_LAUNCH();
+  return LaunchKernel(NormKernel<T, kN, kKind, kIters>, dim3(grid), dim3(block), 0, stream, 1, a);
 }
 
 template <typename T, int kN, NormKind kKind>

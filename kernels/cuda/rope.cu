@@ -1,14 +1,18 @@
 // Rotary position embedding (LLaMA rotate-half), q and k in one launch.
 //
-// RopeKernel<T, kN>: a block owns `tokens_per_block` tokens. It first issues
-// the loads of its first kUnits (x[i..i+kN), x[i+D/2..i+D/2+kN)) vector pairs
-// per thread, then, while they are in flight, fills a shared-memory table of
-// (cos, sin) for its tokens' D/2 frequencies, shared by all Hq + Hkv heads.
-// Angles are computed in fp64 (pos * theta^(-2i/D), reduced mod 2*pi) and
-// only the reduced angle goes through sincosf: in fp32, pos * inv_freq alone
-// is off by ~1e-3 rad at positions of a few thousand, a 1e-4 relative error
-// in the output, above the fp32 tolerance. Bytes moved: q and k read once,
-// q_out and k_out written once, positions (4 bytes per token).
+// RopeKernel<T, kN, kU>: a flat grid over units (token, head, vector c): each
+// thread issues the loads of its kU units (the vectors at c*kN and
+// D/2 + c*kN of one q or k head, and the token's position) before any math,
+// then rotates them. Each thread computes its own cos/sin, so there is no
+// shared table and no barrier: the angle pos * theta^(-2i/D) is formed and
+// reduced mod 2*pi in fp64 (inv_freq for the vector's first element comes
+// precomputed from the host, the next ones by one fp64 multiply each), and
+// only the reduced angle in [-pi, pi] goes through __sincosf (abs. error
+// ~2^-21 there). In fp32 the product pos * inv_freq alone is off by ~1e-3
+// rad at positions of a few thousand, a 1e-4 relative output error, above
+// the fp32 tolerance. Bytes moved: q and k read once, q_out and k_out
+// written once, 4 bytes of position per token (from L1/L2 after the first
+// unit of a token).
 #include <algorithm>
 #include <cmath>
 
@@ -18,172 +22,158 @@
 namespace fusedserve::cuda {
 namespace {
 
-constexpr int kUnits = 4;                  // vector pairs per thread per chunk
-constexpr int kMaxTableBytes = 48 * 1024;  // the static shared-memory limit
+constexpr int kMaxBases = 64;  // inv_freq of vectors c < 64 passed as kernel parameters
+
+// Two or more units per thread need more than the 64 registers a 1024-thread
+// block leaves (-Xptxas -v: bf16, 2 units, spilled at 64).
+constexpr int RopeMaxThreads(int unroll) { return unroll >= 2 ? 512 : 1024; }
 
 struct RopeArgs {
   RopeParams p;
-  int tokens_per_block;
-  int half;             // D / 2
-  int units_per_head;   // half / kN
+  int64_t total;        // units: tokens * units_per_token
   int units_per_token;  // (Hq + Hkv) * units_per_head
+  int units_per_head;   // (D / 2) / kN
+  int half;             // D / 2
+  bool wide;            // total >= 2^31: 64-bit division
+  FastDiv div_token;    // / units_per_token
+  FastDiv div_head;     // / units_per_head
+  double ratio;         // theta^(-2/D): inv_freq[i + 1] = inv_freq[i] * ratio
   double log2_theta;
+  double base[kMaxBases];  // inv_freq[c * kN] = theta^(-2 c kN / D)
 };
 
-template <typename T, int kN>
-__global__ void __launch_bounds__(1024) RopeKernel(const RopeArgs a) {
-  extern __shared__ float2 table[];  // [tokens_per_block, half] (cos, sin)
+template <typename T, int kN, int kU>
+__global__ void __launch_bounds__(RopeMaxThreads(kU)) RopeKernel(const RopeArgs a) {
+  PdlEnter();
   const RopeParams& p = a.p;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * a.tokens_per_block;
-  const int nt = static_cast<int>(min(static_cast<int64_t>(a.tokens_per_block), p.tokens - t0));
-  const int half = a.half;
-  const int units = nt * a.units_per_token;
-  const int64_t D = p.head_dim;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kU + threadIdx.x;
   const int hq = static_cast<int>(p.heads_q);
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
-  T* q_out = static_cast<T*>(p.q_out);
-  T* k_out = static_cast<T*>(p.k_out);
-
-  // Unit u of this block: token tok, head h (q heads first), vector c.
-  // Returns the element offset of its first half in q (is_q) or k.
-  auto locate = [&](int u, bool* is_q, int* tidx) -> int64_t {
-    const int tok = u / a.units_per_token;
-    const int r = u - tok * a.units_per_token;
-    const int h = r / a.units_per_head;
-    const int c = r - h * a.units_per_head;
-    *tidx = tok * half + c * kN;
-    *is_q = h < hq;
-    const int64_t t = t0 + tok;
-    return *is_q ? (t * hq + h) * D + c * kN : (t * p.heads_kv + (h - hq)) * D + c * kN;
-  };
-
-  Vec<T, kN> x1[kUnits], x2[kUnits];
-  auto load_chunk = [&](int chunk) {
+  const int64_t D = p.head_dim;
+  Vec<T, kN> x1[kU], x2[kU];
+  int64_t off[kU];
+  int c[kU], pos[kU];
+  bool is_q[kU];
 #pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      const int u = chunk + threadIdx.x + j * blockDim.x;
-      if (u < units) {
-        bool is_q;
-        int tidx;
-        const int64_t off = locate(u, &is_q, &tidx);
-        const T* src = (is_q ? q : k) + off;
-        x1[j].Load(src);
-        x2[j].Load(src + half);
-      }
+  for (int k = 0; k < kU; ++k) {
+    const int64_t u = first + static_cast<int64_t>(k) * blockDim.x;
+    if (u < a.total) {
+      const int64_t tok = a.wide ? u / a.units_per_token : a.div_token.Div(static_cast<uint32_t>(u));
+      const int rem = static_cast<int>(u - tok * a.units_per_token);
+      const int h = static_cast<int>(a.div_head.Div(static_cast<uint32_t>(rem)));
+      c[k] = rem - h * a.units_per_head;
+      is_q[k] = h < hq;
+      off[k] = (is_q[k] ? tok * hq + h : tok * p.heads_kv + (h - hq)) * D + c[k] * kN;
+      const T* src = (is_q[k] ? static_cast<const T*>(p.q) : static_cast<const T*>(p.k)) + off[k];
+      x1[k].Load(src);
+      x2[k].Load(src + a.half);
+      pos[k] = p.positions[tok];
     }
-  };
-  load_chunk(0);
-
-  // cos/sin table while the loads are in flight.
+  }
   constexpr double kTwoPiHi = 6.283185307179586;
   constexpr double kTwoPiLo = 2.4492935982947064e-16;
-  for (int i = threadIdx.x; i < nt * half; i += blockDim.x) {
-    const int tok = i / half;
-    const int f = i - tok * half;
-    const double pos = static_cast<double>(p.positions[t0 + tok]);
-    const double inv_freq = exp2(-2.0 * f / static_cast<double>(D) * a.log2_theta);
-    const double angle = pos * inv_freq;
-    const double turns = rint(angle * (1.0 / kTwoPiHi));
-    const double r = fma(-turns, kTwoPiLo, fma(-turns, kTwoPiHi, angle));
-    float s, c;
-    sincosf(static_cast<float>(r), &s, &c);
-    table[i] = make_float2(c, s);
-  }
-  __syncthreads();
-
-  const int step = kUnits * blockDim.x;
-  for (int chunk = 0; chunk < units; chunk += step) {
-    if (chunk > 0) load_chunk(chunk);
+  constexpr double kInvTwoPi = 0.15915494309189535;
+  constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52: (x + kRound) - kRound = rint(x), |x| < 2^51
 #pragma unroll
-    for (int j = 0; j < kUnits; ++j) {
-      const int u = chunk + threadIdx.x + j * blockDim.x;
-      if (u < units) {
-        bool is_q;
-        int tidx;
-        const int64_t off = locate(u, &is_q, &tidx);
-        float f1[kN], f2[kN];
-        x1[j].ToFloats(f1);
-        x2[j].ToFloats(f2);
-        float o1[kN], o2[kN];
+  for (int k = 0; k < kU; ++k) {
+    const int64_t u = first + static_cast<int64_t>(k) * blockDim.x;
+    if (u < a.total) {
+      double inv_freq = c[k] < kMaxBases ? a.base[c[k]]
+                                         : exp2(-2.0 * static_cast<double>(c[k]) * kN / D * a.log2_theta);
+      const double pd = static_cast<double>(pos[k]);
+      float f1[kN], f2[kN], o1[kN], o2[kN];
+      x1[k].ToFloats(f1);
+      x2[k].ToFloats(f2);
 #pragma unroll
-        for (int i = 0; i < kN; ++i) {
-          const float2 cs = table[tidx + i];
-          o1[i] = f1[i] * cs.x - f2[i] * cs.y;
-          o2[i] = f2[i] * cs.x + f1[i] * cs.y;
-        }
-        T* dst = (is_q ? q_out : k_out) + off;
-        Vec<T, kN> v1, v2;
-        v1.FromFloats(o1);
-        v2.FromFloats(o2);
-        v1.Store(dst);
-        v2.Store(dst + half);
+      for (int i = 0; i < kN; ++i) {
+        const double angle = pd * inv_freq;
+        const double turns = (angle * kInvTwoPi + kRound) - kRound;
+        const double r = fma(-turns, kTwoPiLo, fma(-turns, kTwoPiHi, angle));
+        float sn, cs;
+        __sincosf(static_cast<float>(r), &sn, &cs);
+        o1[i] = f1[i] * cs - f2[i] * sn;
+        o2[i] = f2[i] * cs + f1[i] * sn;
+        inv_freq *= a.ratio;
       }
+      T* dst = (is_q[k] ? static_cast<T*>(p.q_out) : static_cast<T*>(p.k_out)) + off[k];
+      Vec<T, kN> v1, v2;
+      v1.FromFloats(o1);
+      v2.FromFloats(o2);
+      v1.Store(dst);
+      v2.Store(dst + a.half);
     }
   }
 }
 
-int UnitsPerToken(int64_t heads, int64_t half, int vec) { return static_cast<int>(heads * (half / vec)); }
-
-bool Fits(const RopeConfig& c, int64_t tokens, int64_t half, int64_t units_per_token) {
+bool Fits(const RopeConfig& c, int64_t total) {
   if (c.threads < 32 || c.threads > 1024 || c.threads % 32 != 0) return false;
-  if (c.tokens_per_block < 1 || c.tokens_per_block > 64) return false;
-  if (static_cast<int64_t>(c.tokens_per_block) * half * 8 > kMaxTableBytes) return false;
-  if (static_cast<int64_t>(c.tokens_per_block) * units_per_token > 0x7fffffff) return false;
-  return CeilDiv(tokens, c.tokens_per_block) <= 0x7fffffff;
+  if (c.unroll != 1 && c.unroll != 2 && c.unroll != 4) return false;
+  if (c.threads > RopeMaxThreads(c.unroll)) return false;
+  return CeilDiv(total, static_cast<int64_t>(c.threads) * c.unroll) <= 0x7fffffff;
 }
 
-RopeConfig DefaultFor(int64_t tokens, int64_t half, int64_t upt) {
-  // About two vector pairs per thread; several tokens per block when a token
-  // has little work or there are many tokens.
-  int r = 1;
-  while (r < 8 && (upt * r < 256 || (tokens >= 4096 && r < 2)) && (r * 2) * half * 8 <= kMaxTableBytes &&
-         tokens >= r * 2 * 132)
-    r *= 2;
-  RopeConfig c{static_cast<int>(std::clamp<int64_t>(Pow2Ceil(CeilDiv(upt * r, 2)), 32, 512)), r};
-  if (!Fits(c, tokens, half, upt)) c = {256, 1};
-  return c;
+RopeConfig DefaultFor(int64_t total) {
+  // Enough units to give every SM of an H100 (132) 2048 threads: two per
+  // thread; fewer: one per thread, small blocks for more SMs.
+  if (total >= 2 * 132 * 2048) return {256, 2};
+  if (total >= 132 * 256) return {256, 1};
+  return {128, 1};
+}
+
+int VecFor(DType dtype, int64_t half) {
+  const int vec = static_cast<int>(16 / DTypeSize(dtype));
+  return half % vec == 0 ? vec : 1;
+}
+
+int64_t TotalUnits(DType dtype, int64_t tokens, int64_t heads_q, int64_t heads_kv, int64_t head_dim) {
+  const int64_t half = std::max<int64_t>(head_dim / 2, 1);
+  return tokens * (heads_q + heads_kv) * (half / VecFor(dtype, half));
+}
+
+template <typename T, int kN>
+CudaStatus LaunchTyped(const RopeArgs& a, const RopeConfig& c, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv(a.total, static_cast<int64_t>(c.threads) * c.unroll)));
+  const dim3 block(static_cast<unsigned>(c.threads));
+  switch (c.unroll) {
+    case 1: return LaunchKernel(RopeKernel<T, kN, 1>, grid, block, 0, stream, 1, a);
+    case 2: return LaunchKernel(RopeKernel<T, kN, 2>, grid, block, 0, stream, 1, a);
+    default: return LaunchKernel(RopeKernel<T, kN, 4>, grid, block, 0, stream, 1, a);
+  }
 }
 
 }  // namespace
 
 std::string FormatRopeConfig(const RopeConfig& c) {
-  return "t" + std::to_string(c.threads) + ".r" + std::to_string(c.tokens_per_block);
+  return "t" + std::to_string(c.threads) + ".u" + std::to_string(c.unroll);
 }
 
 bool ParseRopeConfig(const std::string& s, RopeConfig* c) {
   std::vector<int> v;
-  if (!ParseConfigInts(s, "tr", &v)) return false;
+  if (!ParseConfigInts(s, "tu", &v)) return false;
   *c = RopeConfig{v[0], v[1]};
   return true;
 }
 
 RopeConfig DefaultRopeConfig(DType dtype, int64_t tokens, int64_t heads_q, int64_t heads_kv, int64_t head_dim) {
-  const int64_t half = std::max<int64_t>(head_dim / 2, 1);
-  const int vec = half % (16 / DTypeSize(dtype)) == 0 ? static_cast<int>(16 / DTypeSize(dtype)) : 1;
-  return DefaultFor(tokens, half, UnitsPerToken(heads_q + heads_kv, half, vec));
+  return DefaultFor(TotalUnits(dtype, tokens, heads_q, heads_kv, head_dim));
 }
 
 std::vector<RopeConfig> RopeCandidates(DType dtype, int64_t tokens, int64_t heads_q, int64_t heads_kv,
                                        int64_t head_dim) {
-  const int64_t half = std::max<int64_t>(head_dim / 2, 1);
-  const int vec = half % (16 / DTypeSize(dtype)) == 0 ? static_cast<int>(16 / DTypeSize(dtype)) : 1;
-  const int64_t upt = UnitsPerToken(heads_q + heads_kv, half, vec);
-  std::vector<RopeConfig> out = {DefaultFor(tokens, half, upt)};
+  const int64_t total = TotalUnits(dtype, tokens, heads_q, heads_kv, head_dim);
+  std::vector<RopeConfig> out = {DefaultFor(total)};
   auto add = [&](RopeConfig c) {
-    if (!Fits(c, tokens, half, upt)) return;
+    if (!Fits(c, total)) return;
     for (const RopeConfig& o : out) {
-      if (o.threads == c.threads && o.tokens_per_block == c.tokens_per_block) return;
+      if (o.threads == c.threads && o.unroll == c.unroll) return;
     }
     out.push_back(c);
   };
-  for (int r = 1; r <= 8; r *= 2) {
-    if (r > 1 && tokens < r * 132) break;  // keep every SM busy
-    for (int t = 64; t <= 1024; t *= 2) {
-      const int64_t per_thread = CeilDiv(upt * r, t);
-      if (per_thread > kUnits) continue;
-      if (t > Pow2Ceil(upt * r)) break;
-      add({t, r});
+  if (total < 132 * 1024) {
+    for (int t : {64, 128, 256, 512}) add({t, 1});
+    add({128, 2});
+  } else {
+    for (int u : {1, 2, 4}) {
+      for (int t : {128, 256, 512, 1024}) add({t, u});
     }
   }
   return out;
@@ -194,29 +184,31 @@ CudaStatus LaunchRope(const RopeParams& p, const RopeConfig& config, cudaStream_
   if (p.head_dim % 2 != 0) return CudaStatus::Error("LaunchRope: head_dim must be even");
   if (p.q == nullptr || p.k == nullptr || p.positions == nullptr || p.q_out == nullptr || p.k_out == nullptr)
     return CudaStatus::Error("LaunchRope: missing tensor");
-  if (p.head_dim > 2 * (kMaxTableBytes / 8)) return CudaStatus::Error("LaunchRope: head_dim too large");
+  if ((p.heads_q + p.heads_kv) * p.head_dim > 0x7fffffff) return CudaStatus::Error("LaunchRope: token too large");
   const int64_t half = p.head_dim / 2;
-  const int vec16 = static_cast<int>(16 / DTypeSize(p.dtype));
-  const bool scalar = half % vec16 != 0 || !Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.q_out) ||
+  const bool scalar = VecFor(p.dtype, half) == 1 || !Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.q_out) ||
                       !Aligned16(p.k_out);
-  const int vec = scalar ? 1 : vec16;
-  const int64_t upt = UnitsPerToken(p.heads_q + p.heads_kv, half, vec);
+  const int vec = scalar ? 1 : VecFor(p.dtype, half);
+  RopeArgs a{};
+  a.p = p;
+  a.units_per_head = static_cast<int>(half / vec);
+  a.units_per_token = static_cast<int>((p.heads_q + p.heads_kv) * a.units_per_head);
+  a.total = p.tokens * a.units_per_token;
+  a.half = static_cast<int>(half);
+  a.wide = a.total >= (int64_t{1} << 31);
+  a.div_token = FastDiv(a.units_per_token);
+  a.div_head = FastDiv(a.units_per_head);
+  a.log2_theta = std::log2(p.theta);
+  a.ratio = std::pow(p.theta, -2.0 / static_cast<double>(p.head_dim));
+  for (int c = 0; c < kMaxBases; ++c) {
+    a.base[c] = std::pow(p.theta, -2.0 * static_cast<double>(c) * vec / static_cast<double>(p.head_dim));
+  }
   RopeConfig c = config;
-  if (!Fits(c, p.tokens, half, upt)) c = DefaultFor(p.tokens, half, upt);
-  if (!Fits(c, p.tokens, half, upt)) return CudaStatus::Error("LaunchRope: too many heads for one block");
-  RopeArgs a{p, c.tokens_per_block, static_cast<int>(half), static_cast<int>(half / vec), static_cast<int>(upt),
-             std::log2(p.theta)};
-  const unsigned grid = static_cast<unsigned>(CeilDiv(p.tokens, c.tokens_per_block));
-  const size_t smem = static_cast<size_t>(c.tokens_per_block) * half * sizeof(float2);
+  if (!Fits(c, a.total)) c = DefaultFor(a.total);
   CudaStatus status = CudaStatus::Error("LaunchRope: unsupported dtype");
   DispatchFloatType(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (scalar) {
-      RopeKernel<T, 1><<<grid, c.threads, smem, stream>>>(a);
-    } else {
-      RopeKernel<T, kVec16<T>><<<grid, c.threads, smem, stream>>>(a);
-    }
-    status = FS_CUDA_CHECK_LAUNCH();
+    status = scalar ? LaunchTyped<T, 1>(a, c, stream) : LaunchTyped<T, kVec16<T>>(a, c, stream);
   });
   return status;
 }

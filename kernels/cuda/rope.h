@@ -28,13 +28,13 @@ struct RopeParams {
   double theta = 500000.0;
 };
 
-// Launch shape: a block of `threads` handles `tokens_per_block` tokens: it
-// computes their cos/sin table once (angles in fp64, see rope.cu) into shared
-// memory, then rotates every q and k head of those tokens, one pair of
-// vectors (i, i + D/2) per thread step. Format "t256.r1".
+// Launch shape: a flat grid over (token, head, vector) units, each unit the
+// pair of vectors x[i..i+kN) and x[i+D/2..i+D/2+kN) of one head; `threads`
+// per block, each thread handling `unroll` units whose loads are all issued
+// first. Format "t256.u2".
 struct RopeConfig {
   int threads = 0;  // 0: not set (the launcher uses the default)
-  int tokens_per_block = 1;
+  int unroll = 1;   // 1, 2 or 4
 };
 
 std::string FormatRopeConfig(const RopeConfig& c);

@@ -59,9 +59,9 @@ __device__ __forceinline__ MaxSum ClusterCombine(MaxSum t, int c, MaxSum* part) 
 
 template <typename T, int kN, int kIters>
 __global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
-  __shared__ float red[32];
   __shared__ MaxSum red2[32];
   __shared__ MaxSum part;
+  PdlEnter();
   const SoftmaxParams& p = a.p;
   const int c = a.cluster;
   const int tpr = a.tpr;
@@ -86,6 +86,8 @@ __global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
       const int64_t j = begin + lane + it * tpr;
       if (active && j < end) v[it].Load(x + j * kN);
     }
+    // This thread's (max, sum exp(x - max)) from its registers, then one
+    // (max, sum)-combining reduction over the row (one barrier round, not two).
     float m = -INFINITY;
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
@@ -99,22 +101,22 @@ __global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
     }
 #pragma unroll
     for (int it = 0; it < kIters; ++it) v[it].Launder();
-    m = RowReduce(m, MaxOp(), tpr, red);
     float s = 0.0f;
+    if (m != -INFINITY) {
 #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int64_t j = begin + lane + it * tpr;
-      if (active && j < end) {
-        float f[kN];
-        v[it].ToFloats(f);
+      for (int it = 0; it < kIters; ++it) {
+        const int64_t j = begin + lane + it * tpr;
+        if (active && j < end) {
+          float f[kN];
+          v[it].ToFloats(f);
 #pragma unroll
-        for (int i = 0; i < kN; ++i) s += __expf(f[i] - m);
+          for (int i = 0; i < kN; ++i) s += __expf(f[i] - m);
+        }
       }
     }
 #pragma unroll
     for (int it = 0; it < kIters; ++it) v[it].Launder();
-    s = RowReduce(s, SumOp(), tpr, red);
-    MaxSum t{m, s};
+    MaxSum t = RowReduce(MaxSum{m, s}, MaxSumOp(), tpr, red2);
     if (c > 1) t = ClusterCombine(t, c, &part);
     const float inv = 1.0f / t.s;
 #pragma unroll
@@ -232,23 +234,7 @@ template <typename T, int kN, int kIters>
 CudaStatus LaunchTyped(const SoftmaxArgs& a, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(CeilDiv(a.p.rows, a.rows_per_block) * a.cluster);
   const unsigned block = static_cast<unsigned>(a.tpr * a.rows_per_block);
-  if (a.cluster == 1) {
-    SoftmaxKernel<T, kN, kIters><<<grid, block, 0, stream>>>(a);
-    return FS_CUDA_CHECK_LAUNCH();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(a.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, SoftmaxKernel<T, kN, kIters>, a));
+  return LaunchKernel(SoftmaxKernel<T, kN, kIters>, dim3(grid), dim3(block), 0, stream, a.cluster, a);
 }
 
 template <typename T, int kN>
@@ -303,16 +289,20 @@ std::vector<SoftmaxConfig> SoftmaxCandidates(DType dtype, int64_t rows, int64_t 
     for (int c : {8, 4, 1}) add({1024, 1, c});
     return out;
   }
-  // Many rows: only the smallest clusters that fit (more is overhead); few
-  // rows: every cluster size, for parallelism.
-  const int max_c = rows >= 1024 ? std::min(kMaxCluster, 2 * min_c) : kMaxCluster;
-  for (int c = min_c; c <= max_c; c *= 2) {
+  // Many rows: clusters only where a row needs them, and 4-8 vectors per
+  // thread (more blocks per SM overlap one block's reduction with another's
+  // loads: at N = 32000, 8 vectors x 512 threads ran at 100% of copy, 4 x
+  // 1024 at 75%); few rows: every cluster size, for parallelism.
+  const bool many = rows >= 1024;
+  for (int c = min_c; c <= kMaxCluster; c *= 2) {
     const int64_t seg = CeilDiv(nv, c);
     if (c > 1 && seg < 64) break;
+    if (many && c > 1 && c > 2 * min_c && seg < 1024) break;
     for (int tpr = 1; tpr <= 1024; tpr *= 2) {
       if (tpr > Pow2Ceil(seg)) break;
       const int64_t iters = CeilDiv(seg, tpr);
       if (BucketFor(seg, tpr, scalar) == 0) continue;
+      if (many && iters < 4 && tpr >= 32) continue;
       if (iters == 1 && rows > 64 && tpr >= 32) continue;  // 1 vector per thread: for latency only
       if (c == 1 && tpr < 128) {
         add({tpr, 128 / tpr, 1});

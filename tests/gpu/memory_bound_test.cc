@@ -125,6 +125,17 @@ size_t Bytes(const DeviceTensor& t) { return static_cast<size_t>(t.numel()) * DT
 
 int g_configs_checked = 0;
 
+// The kernels run on a non-blocking stream, as in the backend (and so with
+// programmatic dependent launch between consecutive calls).
+cudaStream_t TestStream() {
+  static cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    return s;
+  }();
+  return stream;
+}
+
 // Runs every candidate config of (op, dtype, key) and compares each with the
 // reference. `attrs` override the request's defaults; `misalign` offsets every
 // device pointer by one element (the scalar path).
@@ -172,21 +183,23 @@ void CheckOp(const std::string& op, DType dt, const std::vector<int64_t>& key, c
     tolerance[name] = std::max(BaseTolerance(dt), 2.0 * RelErr(rounded, ref.at(name)));
   }
 
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads complete before the stream reads them
   std::vector<std::string> configs = MemoryBoundCandidates(op, dt, TuningKey(r));
   ASSERT_FALSE(configs.empty());
   configs.push_back("");              // no tuned config: the default
   configs.push_back("t3.bogus");      // unparsable: the default
   for (const std::string& cfg : configs) {
     SCOPED_TRACE("config '" + cfg + "'");
-    for (const auto& [name, d] : out) ASSERT_EQ(cudaMemset(d.data, 0xFF, Bytes(d)), cudaSuccess);
+    const cudaStream_t stream = TestStream();
+    for (const auto& [name, d] : out) ASSERT_EQ(cudaMemsetAsync(d.data, 0xFF, Bytes(d), stream), cudaSuccess);
     DispatchContext ctx;
-    ctx.stream = nullptr;
+    ctx.stream = stream;
     ctx.config = [&cfg](const std::string&, DType, const std::vector<int64_t>&) { return cfg; };
     bool handled = false;
     const CudaStatus s = RunMemoryBoundOp(r, in, out, ctx, &handled);
     ASSERT_TRUE(handled);
     ASSERT_TRUE(s.ok()) << s.message;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
     for (const auto& [name, d] : out) {
       HostTensor h;
       h.dtype = d.dtype;

@@ -479,12 +479,14 @@ void Decode(int64_t B, int64_t L, double cudnn_us) {
       {{"cudnn_us", cudnn_us}});
   double best = ours;
   std::string best_cfg = "default";
+  nlohmann::json all = nlohmann::json::object();
   for (size_t j = 0; j < cands.size(); ++j) {
+    all[cands[j]] = t[1 + j];
     if (t[1 + j] < best) best = t[1 + j], best_cfg = cands[j];
   }
   Add({"5", "attn_decode", shape, "ours (tuned " + best_cfg + ")", best, gbs(best), "GB/s",
        100.0 * gbs(best) / g_copy_gbs, Fmt("%.2fx cuDNN", cudnn_us / best)},
-      {{"config", best_cfg}});
+      {{"config", best_cfg}, {"candidates_us", all}});
   FreeAll();
 }
 

@@ -14,7 +14,8 @@
 //   SimtAttnKernel (decode, all dtypes; fp32 prefill): a CTA owns G q heads
 //     that share one kv head, for one query and one split of its keys. Lanes
 //     hold 16-byte slices of a key row (D/8 lanes per row for 16-bit types),
-//     so a warp reads whole rows coalesced; each warp runs its own online
+//     so a warp reads whole rows coalesced, through a private 3-stage
+//     cp.async ring in shared memory; each warp runs its own online
 //     softmax over its keys and the CTA merges the warps at the end. With
 //     splits > 1 the CTA writes (unnormalized O, max, sum) and
 //     CombineSplitsKernel merges the splits (flash-decoding).
@@ -124,17 +125,18 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
+               : "r"(addr));
 }
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
+               : "r"(addr));
 }
 
 // c += a . b for one m16n8k16 tile, fp32 accumulators.
@@ -172,16 +174,21 @@ __device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
 }
 
 // Copies rows [row0, row0 + kRows) of a [*, stride] matrix (rows >= limit
-// zero-filled) into a swizzled shared tile.
+// zero-filled) into a swizzled shared tile. Each thread owns one chunk column
+// and every kRowStep-th row; kRowStep is a multiple of 8, so its swizzled
+// chunk is the same in every pass and the loop unrolls to plain offsets.
 template <typename T, int kRows, int kChunks, int kThreads>
 __device__ __forceinline__ void LoadTile(T* __restrict__ smem, const T* __restrict__ gmem, int64_t stride, int row0,
                                          int limit) {
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kRowStep % 8 == 0 && kRows % kRowStep == 0, "tile load shape");
+  const int c = threadIdx.x % kChunks, r = threadIdx.x / kChunks;
+  T* dst = smem + SwizzledOffset<kChunks>(r, c);
+  const T* src = gmem + (row0 + r) * stride + c * 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = row0 + r < limit;
-    const T* src = gmem + (valid ? (row0 + r) * stride + c * 8 : 0);
-    CpAsync16(smem + SwizzledOffset<kChunks>(r, c), src, valid);
+  for (int it = 0; it < kRows / kRowStep; ++it) {
+    const bool valid = row0 + r + it * kRowStep < limit;
+    CpAsync16(dst + it * kRowStep * kChunks * 8, valid ? src + it * kRowStep * stride : gmem, valid);
   }
 }
 
@@ -223,13 +230,22 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int warp_row0 = warp * Tr::kWarpRows;  // first row of this warp within the block
-  // Q fragments (one m-tile per warp): rows warp_row0 + (lane % 16), chunk 2*kk + lane / 16.
+  // ldmatrix addresses. Every row a lane addresses is congruent to lane mod 8,
+  // so its swizzled chunk is (logical chunk) ^ (lane & 7):
+  //   Q (A, rows warp_row0 + 16 mt + lane % 16, chunk 2 kk + lane / 16),
+  //   K (B, rows 16 np + lane % 8 + 8 (lane / 16), chunk 2 kk + (lane / 8) % 2),
+  //   V (B^T, rows 16 j + lane % 16, chunk 2 dp + lane / 16).
+  constexpr int kRowBytes = kHeadDim * 2;
+  constexpr int kKVBytes = Tr::kKVElems * 2;
+  const uint32_t q_lane = SmemAddr(sQ) + (warp_row0 + (lane & 15)) * kRowBytes;
+  const uint32_t k_lane = SmemAddr(sK) + ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes;
+  const uint32_t v_lane = SmemAddr(sV) + (lane & 15) * kRowBytes;
+  const uint32_t qv_y = (lane >> 4) ^ (lane & 7);
+  const uint32_t k_y = ((lane >> 3) & 1) ^ (lane & 7);
   uint32_t qf[Tr::kQInRegs ? kDSteps : 1][4];
   if constexpr (Tr::kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < kDSteps; ++kk) {
-      LdMatrixX4(qf[kk], sQ + SwizzledOffset<kChunks>(warp_row0 + (lane & 15), 2 * kk + (lane >> 4)));
-    }
+    for (int kk = 0; kk < kDSteps; ++kk) LdMatrixX4(qf[kk], q_lane + (((2 * kk) ^ qv_y) << 4));
   }
 
   float o[kMTiles][kDTiles][4];
@@ -260,8 +276,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
     }
     const int key0 = nb * kBlockN;
     if (!(p.causal && key0 > warp_row_max)) {  // else every key of the tile is masked for this warp
-      const T* k_tile = sK + stage * Tr::kKVElems;
-      const T* v_tile = sV + stage * Tr::kKVElems;
+      const uint32_t k_tile = k_lane + stage * kKVBytes;
+      const uint32_t v_tile = v_lane + stage * kKVBytes;
       float s[kMTiles][kNTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -277,14 +293,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
         } else {
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            LdMatrixX4(qa[mt], sQ + SwizzledOffset<kChunks>(warp_row0 + mt * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+            LdMatrixX4(qa[mt], q_lane + mt * 16 * kRowBytes + (((2 * kk) ^ qv_y) << 4));
           }
         }
 #pragma unroll
         for (int np = 0; np < kNTiles / 2; ++np) {
           uint32_t kb[4];
-          LdMatrixX4(kb, k_tile + SwizzledOffset<kChunks>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                          2 * kk + ((lane >> 3) & 1)));
+          LdMatrixX4(kb, k_tile + np * 16 * kRowBytes + (((2 * kk) ^ k_y) << 4));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             Mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -308,6 +323,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
         }
       }
       // Online softmax; each row's 64 columns are spread over a quad of lanes.
+      float alphas[kMTiles][2];
+      bool rescale = false;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -329,10 +346,21 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
             sum += s[mt][nt][2 * half] + s[mt][nt][2 * half + 1];
           }
           row_sum[mt][half] = row_sum[mt][half] * alpha + sum;
+          alphas[mt][half] = alpha;
+          rescale |= alpha != 1.0f;
+        }
+      }
+      // Once the running maxima settle, most tiles leave every row's max
+      // unchanged: skip the kMTiles * kHeadDim / 2 multiplies then.
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
           for (int dt = 0; dt < kDTiles; ++dt) {
-            o[mt][dt][2 * half] *= alpha;
-            o[mt][dt][2 * half + 1] *= alpha;
+            o[mt][dt][0] *= alphas[mt][0];
+            o[mt][dt][1] *= alphas[mt][0];
+            o[mt][dt][2] *= alphas[mt][1];
+            o[mt][dt][3] *= alphas[mt][1];
           }
         }
       }
@@ -350,7 +378,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
 #pragma unroll
         for (int dp = 0; dp < kDTiles / 2; ++dp) {
           uint32_t vb[4];
-          LdMatrixX4Trans(vb, v_tile + SwizzledOffset<kChunks>(j * 16 + (lane & 15), 2 * dp + (lane >> 4)));
+          LdMatrixX4Trans(vb, v_tile + j * 16 * kRowBytes + (((2 * dp) ^ qv_y) << 4));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             Mma16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
@@ -391,6 +419,11 @@ CudaStatus LaunchFlash(const AttentionArgs& a, cudaStream_t stream) {
   auto kernel = FlashFwdKernel<T, kHeadDim, kWarps, kMTiles>;
   if (CudaStatus s = FS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      !s.ok())
+    return s;
+  // All of L1 as shared memory, so two 96 KB CTAs fit on an SM.
+  if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                        cudaSharedmemCarveoutMaxShared));
       !s.ok())
     return s;
   FlashParams p{a.q, a.k, a.v, a.o, a.seq_lens, a.Hq, a.Hkv, a.Hq / a.Hkv, a.scale * kLog2e, a.causal};
@@ -436,23 +469,27 @@ struct SimtParams {
   bool prefill, causal;
 };
 
-// Keys per lane-group load and unroll by heads per CTA (G): register budget
-// for G query heads x (q, accumulator) slices plus the in-flight K/V rows.
-template <int kG>
-struct SimtUnroll {
-  static constexpr int kU = kG >= 4 ? 4 : 8;
-};
+// Each warp streams its keys through a private ring of kStages shared-memory
+// stages with cp.async: every lane copies, and later reads back, its own
+// 16-byte slices, so the ring needs no barriers, and kStages - 1 tiles of
+// K/V are in flight per warp while it computes on one (measured: with loads
+// into registers, one tile in flight, B=16 L=4096 reached 90% of copy
+// bandwidth). kU slices per lane per tile.
+constexpr int kSimtU = 4;
+constexpr int kSimtStages = 3;
+// Ring bytes per CTA: warps x stages x (K, V) x 32 lanes x kU x 16 bytes (48 KB).
+constexpr int kSimtRingBytes = kSimtWarps * kSimtStages * 2 * 32 * kSimtU * 16;
 
 template <typename T, int kHeadDim, int kG>
 __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams p) {
   constexpr int kVec = 16 / sizeof(T);             // elements per 16-byte slice
   constexpr int kLanesPerKey = kHeadDim / kVec;    // lanes sharing one key row
   constexpr int kKeysPerLoad = 32 / kLanesPerKey;  // key rows per warp load
-  constexpr int kU = SimtUnroll<kG>::kU;
+  constexpr int kU = kSimtU;
   constexpr int kKeysPerIter = kKeysPerLoad * kU;
   static_assert(kLanesPerKey <= 32 && 32 % kLanesPerKey == 0, "head dim / vector width");
-  __shared__ float s_o[kSimtWarps][kG][kHeadDim];
-  __shared__ float s_ml[kSimtWarps][kG][2];
+  static_assert(kSimtWarps * kG * (kHeadDim + 2) * 4 <= kSimtRingBytes, "merge buffer reuses the ring");
+  extern __shared__ uint4 ring[];  // [warp][stage][K|V][u][lane] 16-byte slices
 
   const int qi = blockIdx.z;          // query (decode: sequence; prefill: token)
   const int h0 = blockIdx.y * kG;     // first q head; all kG share kv head h0 / group
@@ -470,13 +507,36 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
     len = p.causal ? qi - start + 1 : p.lens[b];
     kv_row0 = start;
   } else {
-    len = p.lens[qi];
+    len = min(p.lens[qi], p.L);
     kv_row0 = static_cast<int64_t>(qi) * p.L;
   }
   const int key_begin = split * p.keys_per_split;
   const int key_end = min(len, key_begin + p.keys_per_split);
   const T* gK = static_cast<const T*>(p.k) + kv_row0 * kv_stride + kvh * kHeadDim + dl * kVec;
   const T* gV = static_cast<const T*>(p.v) + kv_row0 * kv_stride + kvh * kHeadDim + dl * kVec;
+  uint4* my_ring = ring + warp * (kSimtStages * 2 * kU * 32) + lane;
+  const int n_tiles = key_begin + warp * kKeysPerIter < key_end
+                          ? (key_end - key_begin - warp * kKeysPerIter + kSimtWarps * kKeysPerIter - 1) /
+                                (kSimtWarps * kKeysPerIter)
+                          : 0;
+  // Issues the copies of this warp's tile `t` (keys t0 .. t0 + kKeysPerIter) into its stage.
+  auto issue = [&](int t) {
+    if (t < n_tiles) {
+      const int t0 = key_begin + (t * kSimtWarps + warp) * kKeysPerIter;
+      uint4* st = my_ring + (t % kSimtStages) * (2 * kU * 32);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int key = t0 + u * kKeysPerLoad + slot;
+        const bool valid = key < key_end;
+        const int64_t off = valid ? key * kv_stride : 0;
+        CpAsync16(st + u * 32, gK + off, valid);
+        CpAsync16(st + (kU + u) * 32, gV + off, valid);
+      }
+    }
+    CpAsyncCommit();  // empty groups keep the wait count uniform
+  };
+#pragma unroll
+  for (int t = 0; t < kSimtStages - 1; ++t) issue(t);
 
   float qf[kG][kVec];
 #pragma unroll
@@ -497,18 +557,14 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
     for (int i = 0; i < kVec; ++i) acc[g][i] = 0.0f;
   }
 
-  for (int t0 = key_begin + warp * kKeysPerIter; t0 < key_end; t0 += kSimtWarps * kKeysPerIter) {
-    uint4 kr[kU], vr[kU];
+  for (int t = 0; t < n_tiles; ++t) {
+    issue(t + kSimtStages - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kSimtStages - 1));
+    const int t0 = key_begin + (t * kSimtWarps + warp) * kKeysPerIter;
+    const uint4* st = my_ring + (t % kSimtStages) * (2 * kU * 32);
+    uint4 kr[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int key = t0 + u * kKeysPerLoad + slot;
-      if (key < key_end) {
-        kr[u] = __ldcs(reinterpret_cast<const uint4*>(gK + key * kv_stride));
-        vr[u] = __ldcs(reinterpret_cast<const uint4*>(gV + key * kv_stride));
-      } else {
-        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
+    for (int u = 0; u < kU; ++u) kr[u] = st[u * 32];
     float s[kU][kG];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -548,7 +604,8 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const T* ve = reinterpret_cast<const T*>(&vr[u]);
+      const uint4 vraw = st[(kU + u) * 32];
+      const T* ve = reinterpret_cast<const T*>(&vraw);
       float vf[kVec];
 #pragma unroll
       for (int i = 0; i < kVec; ++i) vf[i] = ToF(ve[i]);
@@ -559,8 +616,13 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
       }
     }
   }
+  CpAsyncWaitAll();
   // The combine kernel (if any) may start launching; it waits for this grid to finish.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  __syncthreads();  // every warp is done with its ring: reuse it for the merge
+  float (*s_o)[kG][kHeadDim] = reinterpret_cast<float (*)[kG][kHeadDim]>(ring);
+  float (*s_ml)[kG][2] = reinterpret_cast<float (*)[kG][2]>(reinterpret_cast<float*>(ring) +
+                                                            kSimtWarps * kG * kHeadDim);
   // Merge the key slots of the warp (same max across the warp), then the warps.
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
@@ -658,13 +720,14 @@ int HeadsPerCta(int group) { return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1
 template <typename T, int kHeadDim>
 CudaStatus LaunchSimtHD(const SimtParams& p, int queries, int G, cudaStream_t stream) {
   const dim3 grid(p.splits, p.Hq / G, queries), block(kSimtWarps * 32);
-  if (G == 4) {
-    SimtAttnKernel<T, kHeadDim, 4><<<grid, block, 0, stream>>>(p);
-  } else if (G == 2) {
-    SimtAttnKernel<T, kHeadDim, 2><<<grid, block, 0, stream>>>(p);
-  } else {
-    SimtAttnKernel<T, kHeadDim, 1><<<grid, block, 0, stream>>>(p);
-  }
+  auto kernel = G == 4 ? SimtAttnKernel<T, kHeadDim, 4>
+                       : (G == 2 ? SimtAttnKernel<T, kHeadDim, 2> : SimtAttnKernel<T, kHeadDim, 1>);
+  // Four 48 KB rings per SM: ask for the whole L1 as shared memory.
+  if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                        cudaSharedmemCarveoutMaxShared));
+      !s.ok())
+    return s;
+  kernel<<<grid, block, kSimtRingBytes, stream>>>(p);
   if (CudaStatus s = FS_CUDA_CHECK_LAUNCH(); !s.ok()) return s;
   if (p.splits > 1) {
     cudaLaunchConfig_t cfg = {};
@@ -730,12 +793,20 @@ CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, int warps
 
 int DecodeDefaultSplits(DType dtype, int B, int L, int Hq, int Hkv, int D, int sm_count) {
   if (B <= 0 || L <= 0 || Hkv <= 0 || Hq % Hkv != 0) return 1;
-  // Resident CTAs of the decode kernel: __launch_bounds__(128, 4) guarantees 4 per SM.
-  const int slots = std::max(1, sm_count) * 4;
+  // Measured on the H100 (bench/gpu_compute_bench.cc, Hq=32 Hkv=8 D=128): one
+  // CTA per SM already streams K/V at 95-100% of copy bandwidth through its
+  // cp.async rings, so a batch that gives every SM a CTA gains nothing from
+  // splitting (B=16 L=4096: 96 us unsplit, 101 us in 4 splits); a small batch
+  // wants about two CTAs per SM (B=1 L=16384: 31 us in 32 splits, 37 us in 66).
+  const int sms = std::max(1, sm_count);
   const int base = B * (Hq / HeadsPerCta(Hq / Hkv));
-  int splits = std::max(1, slots / std::max(1, base));
+  if (base * 10 >= sms * 9) return 1;
+  int splits = std::max(1, 2 * sms / base);
   splits = std::min(splits, std::max(1, L / kMinKeysPerSplit));
-  return std::min(splits, kMaxSplits);
+  // A power of two (B=1 L=16384: 31 us in 32 splits, 34 us in 33).
+  int pow2 = 1;
+  while (pow2 * 2 <= splits) pow2 *= 2;
+  return std::min(pow2, kMaxSplits);
 }
 
 size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits) {
@@ -755,7 +826,9 @@ CudaStatus LaunchAttentionDecode(const DecodeArgs& a, int splits, void* workspac
   splits = std::max(1, std::min(splits, kMaxSplits));
   if (a.L > 0) splits = std::min(splits, a.L);
   if (splits > 1 && workspace == nullptr) return CudaStatus::Error("attention_decode: no workspace for splits");
-  const int keys_per_split = a.L <= 0 ? 1 : (a.L + splits - 1) / splits;
+  // Splits start on 64-key boundaries (whole tiles of every warp).
+  const int keys_per_split = a.L <= 0 ? 64 : ((a.L + splits - 1) / splits + 63) / 64 * 64;
+  splits = a.L <= 0 ? 1 : (a.L + keys_per_split - 1) / keys_per_split;
   float* part_o = static_cast<float*>(workspace);
   float* part_ml = part_o == nullptr ? nullptr : part_o + static_cast<size_t>(a.B) * a.Hq * splits * a.D;
   SimtParams p{a.q, a.k_cache, a.v_cache, a.o, part_o, part_ml, a.lengths, a.L, a.Hq, a.Hkv, a.Hq / a.Hkv,

@@ -53,9 +53,8 @@ struct DecodeArgs {
   float scale = 0.0f;
 };
 
-// Splits along L for a decode problem: as many CTAs as fit on the GPU at
-// once (one wave: every CTA streams at the same rate, so none finishes late),
-// each split at least 64 keys long.
+// Splits along L for a decode problem: none when the batch alone gives
+// every SM a CTA, else about two CTAs per SM, each split at least 64 keys.
 int DecodeDefaultSplits(DType dtype, int B, int L, int Hq, int Hkv, int D, int sm_count);
 // Scratch bytes the decode kernel needs for `splits` (0 when splits == 1).
 size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits);

@@ -1,13 +1,15 @@
 // MLP helper kernels (see mlp.h).
 //   v1 elementwise: activation in place, SwiGLU gate (silu(g) * u); 16-byte
 //      vectors when sizes and alignment allow, else one element per thread.
-//   v1 GEMV: a warp owns two weight rows (linear: rows n, n+1; SwiGLU: gate
+//   v2 GEMV: a warp owns pairs of weight rows (linear: rows n, n+1; SwiGLU: gate
 //      row j and up row j + I, so the activation is applied in registers and
 //      the [M, 2I] intermediate never exists), streams them with 16-byte
 //      evict-first loads, kUnroll vectors per row in flight per lane, and
 //      reads x (tiny) through L1. Templated on dtype and an M tile (1,2,4,8).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <algorithm>
 
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mlp.h"
@@ -154,105 +156,130 @@ struct GemvParams {
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
 
 template <typename T, int kM, bool kSwiglu>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p) {
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int64_t units_per_warp) {
   using V = Vec16<T>;
   const int lane = threadIdx.x & 31;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  // The two weight rows of this warp and whether the second exists.
-  const int64_t r0 = kSwiglu ? unit : 2 * unit;
-  const int64_t r1 = kSwiglu ? unit + p.N : 2 * unit + 1;
-  if (r0 >= p.N && !kSwiglu) return;
-  if (kSwiglu && unit >= p.N) return;
-  const bool has1 = kSwiglu || r1 < p.N;
+  const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * units_per_warp;
+  const int64_t last = min(units, first + units_per_warp);
+  // Programmatic dependent launch: wait for the previous kernel's writes (a
+  // no-op when launched normally), then let the next kernel start launching.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int64_t nvec = p.K / V::kN;
-  const uint4* w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
-  const uint4* w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (has1 ? r1 : r0) * p.K);
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  for (int64_t unit = first; unit < last; ++unit) {
+    // The two weight rows of this unit and whether the second exists.
+    const int64_t r0 = kSwiglu ? unit : 2 * unit;
+    const int64_t r1 = kSwiglu ? unit + p.N : 2 * unit + 1;
+    const bool has1 = kSwiglu || r1 < p.N;
+    const uint4* w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
+    const uint4* w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (has1 ? r1 : r0) * p.K);
 
-  float acc[kM][2];
+    float acc[kM][2];
 #pragma unroll
-  for (int m = 0; m < kM; ++m) acc[m][0] = acc[m][1] = 0.0f;
+    for (int m = 0; m < kM; ++m) acc[m][0] = acc[m][1] = 0.0f;
 
-  for (int64_t base = lane; base < nvec; base += 32 * kGemvUnroll) {
-    uint4 a[kGemvUnroll], b[kGemvUnroll];
+    for (int64_t base = lane; base < nvec; base += 32 * kGemvUnroll) {
+      uint4 a[kGemvUnroll], b[kGemvUnroll];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t i = base + 32 * u;
-      if (i < nvec) {
-        a[u] = LoadStream(w0 + i);
-        b[u] = LoadStream(w1 + i);
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t i = base + 32 * u;
+        if (i < nvec) {
+          a[u] = LoadStream(w0 + i);
+          b[u] = LoadStream(w1 + i);
+        }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t i = base + 32 * u;
-      if (i < nvec) {
-        float fa[V::kN], fb[V::kN];
-        V::Load(a[u], fa);
-        V::Load(b[u], fb);
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const int64_t i = base + 32 * u;
+        if (i < nvec) {
+          float fa[V::kN], fb[V::kN];
+          V::Load(a[u], fa);
+          V::Load(b[u], fb);
 #pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          if (m < p.M) {
-            float fx[V::kN];
-            V::Load(__ldg(xv + m * nvec + i), fx);
+          for (int m = 0; m < kM; ++m) {
+            if (m < p.M) {
+              float fx[V::kN];
+              V::Load(__ldg(xv + m * nvec + i), fx);
 #pragma unroll
-            for (int e = 0; e < V::kN; ++e) {
-              acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
-              acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
+              for (int e = 0; e < V::kN; ++e) {
+                acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
+                acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
+              }
             }
           }
         }
       }
     }
-  }
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
+    for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], off);
+        for (int off = 16; off > 0; off >>= 1) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], off);
+      }
     }
-  }
-  // Lane m writes row m's outputs.
-  T* y = static_cast<T*>(p.y);
+    // Lane m writes row m's outputs.
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
-    if (lane == m && m < p.M) {
-      if constexpr (kSwiglu) {
-        y[m * p.N + unit] = FromF<T>(Silu(acc[m][0]) * acc[m][1]);
-      } else {
-        const T* bias = static_cast<const T*>(p.bias);
-        y[m * p.N + r0] = FromF<T>(Act(acc[m][0] + (bias ? ToF(bias[r0]) : 0.0f), p.act));
-        if (has1) y[m * p.N + r1] = FromF<T>(Act(acc[m][1] + (bias ? ToF(bias[r1]) : 0.0f), p.act));
+    for (int m = 0; m < kM; ++m) {
+      if (lane == m && m < p.M) {
+        if constexpr (kSwiglu) {
+          y[m * p.N + unit] = FromF<T>(Silu(acc[m][0]) * acc[m][1]);
+        } else {
+          const T* bias = static_cast<const T*>(p.bias);
+          y[m * p.N + r0] = FromF<T>(Act(acc[m][0] + (bias ? ToF(bias[r0]) : 0.0f), p.act));
+          if (has1) y[m * p.N + r1] = FromF<T>(Act(acc[m][1] + (bias ? ToF(bias[r1]) : 0.0f), p.act));
+        }
       }
     }
   }
 }
 
+// pdl: launched as a programmatic dependent of the previous kernel on the
+// stream (only when that kernel is a GEMV of this file, which triggers it).
 template <typename T, bool kSwiglu>
-CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
+CudaStatus LaunchGemvT(const GemvParams& p, bool pdl, cudaStream_t stream) {
+  auto kernel = p.M <= 1   ? GemvKernel<T, 1, kSwiglu>
+                : p.M <= 2 ? GemvKernel<T, 2, kSwiglu>
+                : p.M <= 4 ? GemvKernel<T, 4, kSwiglu>
+                           : GemvKernel<T, 8, kSwiglu>;
+  // One wave of equal work: every warp that fits on the GPU at once gets the
+  // same number of consecutive units (row pairs), so no block of a second
+  // wave starts late and all warps drain together. (With one unit per warp,
+  // the SwiGLU gate_up GEMV ran as 1.7 waves of 16 KB-per-warp blocks.)
+  int device = 0, sms = 0, per_sm = 0;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
+    return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * 32, 0));
+      !s.ok())
+    return s;
   const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
-  const int64_t blocks = (units + kGemvWarps - 1) / kGemvWarps;
+  const int64_t resident_warps = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kGemvWarps;
+  const int64_t units_per_warp = (units + resident_warps - 1) / resident_warps;
+  const int64_t warps = (units + units_per_warp - 1) / units_per_warp;
+  const int64_t blocks = (warps + kGemvWarps - 1) / kGemvWarps;
   if (blocks > 0x7fffffff) return CudaStatus::Error("GEMV: N too large");
-  const dim3 grid(static_cast<unsigned>(blocks)), block(kGemvWarps * 32);
-  if (p.M <= 1) {
-    GemvKernel<T, 1, kSwiglu><<<grid, block, 0, stream>>>(p);
-  } else if (p.M <= 2) {
-    GemvKernel<T, 2, kSwiglu><<<grid, block, 0, stream>>>(p);
-  } else if (p.M <= 4) {
-    GemvKernel<T, 4, kSwiglu><<<grid, block, 0, stream>>>(p);
-  } else {
-    GemvKernel<T, 8, kSwiglu><<<grid, block, 0, stream>>>(p);
-  }
-  return FS_CUDA_CHECK_LAUNCH();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kGemvWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, units_per_warp));
 }
 
 template <bool kSwiglu>
-CudaStatus LaunchGemvDtype(DType dtype, const GemvParams& p, cudaStream_t stream) {
+CudaStatus LaunchGemvDtype(DType dtype, const GemvParams& p, bool pdl, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kBF16: return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, stream);
-    case DType::kF16: return LaunchGemvT<__half, kSwiglu>(p, stream);
-    case DType::kF32: return LaunchGemvT<float, kSwiglu>(p, stream);
+    case DType::kBF16: return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, pdl, stream);
+    case DType::kF16: return LaunchGemvT<__half, kSwiglu>(p, pdl, stream);
+    case DType::kF32: return LaunchGemvT<float, kSwiglu>(p, pdl, stream);
     default: return CudaStatus::Error("GEMV: unsupported dtype");
   }
 }
@@ -344,11 +371,11 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
   return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0 && Aligned16(x) && Aligned16(w);
 }
 
-CudaStatus LaunchGemv(const GemmArgs& g, cudaStream_t stream) {
+CudaStatus LaunchGemv(const GemmArgs& g, bool after_gemv, cudaStream_t stream) {
   if (!GemvSupported(g.dtype, g.M, g.K, g.x, g.w)) return CudaStatus::Error("GEMV: unsupported problem");
   if (g.N == 0) return CudaStatus::Ok();
   const GemvParams p{g.x, g.w, g.bias, g.y, g.M, g.N, g.K, g.act};
-  return LaunchGemvDtype<false>(g.dtype, p, stream);
+  return LaunchGemvDtype<false>(g.dtype, p, after_gemv, stream);
 }
 
 CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
@@ -356,7 +383,7 @@ CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const 
   if (!GemvSupported(dtype, M, D, x, gate_up)) return CudaStatus::Error("GEMV SwiGLU: unsupported problem");
   if (I == 0) return CudaStatus::Ok();
   const GemvParams p{x, gate_up, nullptr, h, M, I, D, Activation::kNone};
-  return LaunchGemvDtype<true>(dtype, p, stream);
+  return LaunchGemvDtype<true>(dtype, p, false, stream);
 }
 
 }  // namespace fusedserve

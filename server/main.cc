@@ -22,6 +22,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/batcher.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/model_rpc.h"
@@ -59,6 +60,20 @@ ABSL_FLAG(int, max_message_bytes, 512 << 20, "Largest gRPC message accepted or s
 ABSL_FLAG(int64_t, max_tensor_elements, int64_t{1} << 28, "Largest tensor accepted, elements");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
+ABSL_FLAG(bool, batching, true,
+          "Merge compatible FusedOp requests into one launch (dynamic batcher); false runs each request alone");
+ABSL_FLAG(int64_t, batch_max_rows, 2048, "Batcher: rows (tokens) per merged launch");
+ABSL_FLAG(int64_t, batch_max_delay_us, 200, "Batcher: longest wait of a queued request for company, µs");
+ABSL_FLAG(int64_t, batch_idle_us, 0,
+          "Batcher: launch once no compatible request arrived for this long, µs (0 disables)");
+ABSL_FLAG(int, batch_parallel_launches, 0,
+          "Batcher: launches the backend runs at once; while fewer run, queued requests go at once "
+          "(0 = 1 for CUDA, --worker_threads for CPU)");
+ABSL_FLAG(std::string, batch_preferred_rows, "",
+          "Batcher: comma-separated row counts launched without waiting (largest reached caps the batch)");
+ABSL_FLAG(std::string, batch_overrides, "",
+          "Batcher: per-op settings, e.g. rms_norm:max_rows=8192:delay_us=100,linear:preferred=64/128:max_queue=256 "
+          "(keys: max_rows, delay_us, idle_us, max_queue, preferred)");
 // Generation engine (TransformerBlock, Generate); see server/engine.h.
 ABSL_FLAG(int64_t, kv_cache_blocks, 0, "KV cache blocks; 0 = as many as --kv_cache_bytes holds");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{64} << 20, "KV cache memory when --kv_cache_blocks=0, bytes");
@@ -96,6 +111,30 @@ WarmupOptions WarmupOptionsFromFlags() {
   o.tune_budget_seconds = absl::GetFlag(FLAGS_tune_budget_seconds);
   o.tune_missing = absl::GetFlag(FLAGS_tune_at_startup);
   return o;
+}
+
+// The FusedOp scheduler: the dynamic batcher (--batching) or the direct FIFO.
+absl::StatusOr<std::unique_ptr<OpScheduler>> MakeScheduler(Backend* backend, Metrics* metrics,
+                                                          const DirectSchedulerOptions& direct) {
+  if (!absl::GetFlag(FLAGS_batching)) return MakeDirectScheduler(backend, metrics, direct);
+  BatcherOptions o;
+  o.threads = direct.threads;
+  o.max_queue = direct.max_queue;
+  o.parallel_launches = absl::GetFlag(FLAGS_batch_parallel_launches);
+  if (o.parallel_launches <= 0) o.parallel_launches = backend->name() == "cuda" ? 1 : direct.threads;
+  o.defaults.max_rows = absl::GetFlag(FLAGS_batch_max_rows);
+  o.defaults.max_delay_us = absl::GetFlag(FLAGS_batch_max_delay_us);
+  o.defaults.idle_us = absl::GetFlag(FLAGS_batch_idle_us);
+  absl::StatusOr<std::vector<int64_t>> preferred = ParseRowList(absl::GetFlag(FLAGS_batch_preferred_rows));
+  if (!preferred.ok()) {
+    return absl::InvalidArgumentError("--batch_preferred_rows: " + std::string(preferred.status().message()));
+  }
+  o.defaults.preferred_rows = *preferred;
+  absl::StatusOr<std::map<std::string, BatchPolicy>> per_op =
+      ParseBatchOverrides(absl::GetFlag(FLAGS_batch_overrides), o.defaults);
+  if (!per_op.ok()) return per_op.status();
+  o.per_op = *std::move(per_op);
+  return MakeBatcher(backend, metrics, o);
 }
 
 v1::GetServerInfoResponse MakeServerInfo(const Backend& backend, const WarmupReport& report,
@@ -171,7 +210,12 @@ int Run(const std::string& mode) {
     sched.threads = (*backend)->name() == "cuda" ? 2 : static_cast<int>(std::thread::hardware_concurrency());
   }
   sched.max_queue = absl::GetFlag(FLAGS_max_queue);
-  std::unique_ptr<OpScheduler> scheduler = MakeDirectScheduler(backend->get(), &metrics, sched);
+  absl::StatusOr<std::unique_ptr<OpScheduler>> made_scheduler = MakeScheduler(backend->get(), &metrics, sched);
+  if (!made_scheduler.ok()) {
+    LogError(std::string(made_scheduler.status().message()));
+    return 1;
+  }
+  std::unique_ptr<OpScheduler> scheduler = *std::move(made_scheduler);
 
   // The hosted model and its engine (random weights for --model_preset unless --model is set).
   absl::StatusOr<std::unique_ptr<ModelWeights>> weights =

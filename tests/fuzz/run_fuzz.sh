@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds the FusedOp fuzz targets with clang (libFuzzer + AddressSanitizer +
+# UBSan) and runs each for a bounded time. Used by ctest (label "fuzz", 60 s)
+# and by hand for longer runs:
+#   tests/fuzz/run_fuzz.sh [--seconds N] [--out DIR] [--jobs J] [target...]
+#     --seconds N  total fuzzing time, split evenly over the targets (default 60)
+#     --out DIR    build products, corpora and crash inputs (default build-fuzz)
+#     --jobs J     parallel compiles (default 2)
+#     targets      fuzz_fused_op (raw protobuf bytes) and/or
+#                  fuzz_fused_op_structured (mutated valid requests); default both
+# The protobuf code is generated here with protoc, so no CMake build is
+# needed. Corpora persist in DIR/corpus-<target> between runs. Exit status 1
+# when a target crashed; the input is saved as DIR/crash-<target>-*.
+# Needs clang++-14 and libclang-rt-14-dev (deploy/install-deps.sh installs them).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+src=$PWD
+
+seconds=60
+out=build-fuzz
+jobs=2
+targets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) seconds=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_fused_op fuzz_fused_op_structured)
+
+cxx=""
+for c in clang++-14 clang++; do
+  if command -v "$c" >/dev/null; then cxx=$c; break; fi
+done
+if [ -z "$cxx" ]; then
+  echo "run_fuzz: clang++ not found (deploy/install-deps.sh installs clang)" >&2
+  exit 2
+fi
+
+mkdir -p "$out/gen" "$out/obj"
+out=$(cd "$out" && pwd)
+
+# Generated protobuf messages (no gRPC stubs needed).
+pb=$out/gen/fusedserve/v1/fusedserve.pb.cc
+if [ ! -f "$pb" ] || [ "$src/proto/fusedserve/v1/fusedserve.proto" -nt "$pb" ]; then
+  protoc -I "$src/proto" --cpp_out "$out/gen" "$src/proto/fusedserve/v1/fusedserve.proto"
+fi
+
+libs=$(pkg-config --libs protobuf absl_status absl_statusor absl_strings absl_str_format absl_synchronization \
+  absl_time absl_hash prometheus-cpp-core prometheus-cpp-pull)
+cflags="-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
+  -fno-sanitize-recover=undefined -I$src -I$out/gen $(pkg-config --cflags protobuf absl_status)"
+
+# Library sources: request validation, the op vocabulary, the CPU reference
+# backend (run on every valid input) and the batcher's merge/split.
+sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc server/metrics.cc
+  kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/cpu/*.cc)
+objects=()
+pids=()
+for s in "${sources[@]}"; do
+  o=$out/obj/$(echo "${s#"$src"/}" | tr '/' '_').o
+  objects+=("$o")
+  # Rebuild when the source or any header of the project changed.
+  if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ -n "$(find server kernels -name '*.h' -newer "$o" | head -1)" ]; then
+    $cxx $cflags -w -c "$s" -o "$o" &
+    pids+=($!)
+    if [ ${#pids[@]} -ge "$jobs" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+  fi
+done
+for p in "${pids[@]}"; do wait "$p"; done
+
+status=0
+per_target=$(( seconds / ${#targets[@]} ))
+[ "$per_target" -ge 1 ] || per_target=1
+for t in "${targets[@]}"; do
+  bin=$out/$t
+  if [ ! -f "$bin" ] || [ "tests/fuzz/$t.cc" -nt "$bin" ] || [ tests/fuzz/fuzz_common.h -nt "$bin" ] ||
+     [ -n "$(find "$out/obj" -newer "$bin" | head -1)" ]; then
+    $cxx $cflags -fsanitize=fuzzer "tests/fuzz/$t.cc" "${objects[@]}" $libs -o "$bin"
+  fi
+  corpus=$out/corpus-$t
+  mkdir -p "$corpus"
+  if [ "$t" = fuzz_fused_op ] && [ -z "$(ls -A "$corpus")" ]; then
+    FUSEDSERVE_FUZZ_WRITE_SEEDS=$corpus "$bin" -runs=0 >/dev/null 2>&1 || true
+  fi
+  log=$out/$t.log
+  echo "run_fuzz: $t for ${per_target} s (corpus $corpus)"
+  set +e
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+    "$bin" "$corpus" -max_total_time="$per_target" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    -print_final_stats=1 -artifact_prefix="$out/crash-$t-" >"$log" 2>&1
+  rc=$?
+  set -e
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
+  if [ $rc -eq 0 ]; then
+    echo "run_fuzz: $t: $runs executions, ${cov:-cov: ?}, no crash"
+  else
+    echo "run_fuzz: $t: CRASH (exit $rc) after $runs executions; input saved as $out/crash-$t-*; log $log" >&2
+    grep -E 'ERROR|fuzz property|SUMMARY|#[0-9] ' "$log" | head -30 >&2
+    status=1
+  fi
+done
+exit $status

@@ -31,6 +31,7 @@
 #include "warmup/warmup.h"
 #ifdef FUSEDSERVE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
+#include "server/model_cuda_runner.h"
 #endif
 
 // civetweb (prometheus-cpp's HTTP exposer) starts its threads with 100 KiB
@@ -77,6 +78,9 @@ ABSL_FLAG(std::string, batch_overrides, "",
 // Generation engine (TransformerBlock, Generate); see server/engine.h.
 ABSL_FLAG(int64_t, kv_cache_blocks, 0, "KV cache blocks; 0 = as many as --kv_cache_bytes holds");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{64} << 20, "KV cache memory when --kv_cache_blocks=0, bytes");
+ABSL_FLAG(double, kv_cache_gpu_fraction, 0.85,
+          "CUDA model runner with --kv_cache_blocks=0: share of free GPU memory (after weights and step "
+          "buffers) given to the KV cache");
 ABSL_FLAG(int64_t, kv_block_size, 16, "Positions per KV cache block");
 ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most");
 ABSL_FLAG(int, max_waiting, 256, "Generate requests queued before RESOURCE_EXHAUSTED");
@@ -228,17 +232,36 @@ int Run(const std::string& mode) {
   LogInfo(absl::StrCat("model ", model_config.name, ": ", model_config.layers, " layers, hidden ",
                        model_config.hidden, ", vocab ", model_config.vocab, ", ",
                        model_config.NumParameters() / 1e6, "M parameters"));
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = absl::UnimplementedError("no model runner");
+  int64_t kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
+#ifdef FUSEDSERVE_HAVE_CUDA
   if ((*backend)->name() == "cuda") {
-    LogWarning("the model runs on the CPU model runner (the CUDA model runner is not implemented yet)");
+    CudaModelRunnerOptions cuda_options;
+    cuda_options.device = absl::GetFlag(FLAGS_cuda_device);
+    cuda_options.max_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+    runner = MakeCudaModelRunner(*std::move(weights), cuda_options);
+    if (runner.ok() && kv_cache_blocks <= 0) {
+      absl::StatusOr<int64_t> blocks =
+          CudaKvCacheBlocks(**runner, cuda_options.device, absl::GetFlag(FLAGS_kv_block_size),
+                            absl::GetFlag(FLAGS_kv_cache_gpu_fraction), /*reserve_bytes=*/int64_t{512} << 20);
+      if (!blocks.ok()) {
+        LogError("model: " + std::string(blocks.status().message()));
+        return 1;
+      }
+      kv_cache_blocks = *blocks;
+    }
+  } else {
+    runner = MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
   }
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
-      MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
+#else
+  runner = MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
+#endif
   if (!runner.ok()) {
     LogError("model: " + std::string(runner.status().message()));
     return 1;
   }
   EngineOptions engine_options;
-  engine_options.kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
+  engine_options.kv_cache_blocks = kv_cache_blocks;
   engine_options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   engine_options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   engine_options.max_running = absl::GetFlag(FLAGS_max_running);

@@ -36,8 +36,9 @@ class ModelRunner {
   // "cpu" or "cuda".
   virtual std::string device() const = 0;
 
-  // Bytes of K and V one cache block holds over all layers.
-  int64_t KvBytesPerBlock(int64_t block_size) const;
+  // Bytes of K and V one cache block holds over all layers (fp32 here; the
+  // CUDA runner's cache is in the model dtype).
+  virtual int64_t KvBytesPerBlock(int64_t block_size) const;
   // Allocates the paged KV cache: num_blocks blocks of block_size positions.
   virtual absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) = 0;
 

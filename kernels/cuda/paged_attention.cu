@@ -1,0 +1,301 @@
+// Paged-KV kernels of the CUDA model runner (see paged_attention.h):
+//   GatherRowsKernel     one CTA per row, 16-byte copies when the row allows.
+//   RopeKvKernel         one thread per (token, head, pair i / i + D/2) of the
+//                        fused QKV output; rotates q/k with the cos/sin table,
+//                        stores dense q/k/v and the cache rows.
+//   PagedAttentionKernel one CTA per (query row, kv head, context split); the
+//                        CTA's 128 threads form groups of D/8 lanes, each group
+//                        streams one key at a time (16-byte K and V loads per
+//                        lane) and keeps an online softmax for all the query
+//                        heads sharing that kv head (GQA: K/V read once), the
+//                        groups are merged through shared memory at the end.
+//   PagedCombineKernel   merges the splits' (max, sum, acc) per (row, head).
+// The CPU reference of all of them is the CPU model runner
+// (server/model_cpu_runner.cc); tests/gpu/model_cuda_test.cc compares the two.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/paged_attention.h"
+
+namespace fusedserve::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxGroup = 8;  // query heads per kv head held in registers
+constexpr float kLog2e = 1.4426950408889634f;
+
+__global__ void GatherRowsKernel(const uint8_t* src, const int32_t* idx, int64_t row_bytes, bool vec16,
+                                 uint8_t* dst) {
+  PdlEnter();
+  const int64_t i = blockIdx.x;
+  const uint8_t* s = src + static_cast<int64_t>(idx[i]) * row_bytes;
+  uint8_t* d = dst + i * row_bytes;
+  if (vec16) {
+    for (int64_t b = threadIdx.x * 16; b < row_bytes; b += blockDim.x * 16) {
+      *reinterpret_cast<uint4*>(d + b) = *reinterpret_cast<const uint4*>(s + b);
+    }
+  } else {
+    for (int64_t b = threadIdx.x; b < row_bytes; b += blockDim.x) d[b] = s[b];
+  }
+}
+
+template <typename T>
+__global__ void RopeKvKernel(RopeKvParams p) {
+  PdlEnter();
+  const int half = p.D / 2;
+  const int H3 = p.Hq + 2 * p.Hkv;
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= p.T * H3 * half) return;
+  const int i = static_cast<int>(u % half);
+  const int h = static_cast<int>((u / half) % H3);
+  const int64_t t = u / (static_cast<int64_t>(half) * H3);
+  const T* src = static_cast<const T*>(p.qkv) + (t * H3 + h) * p.D;
+  float a = ToFloat(src[i]);
+  float b = ToFloat(src[i + half]);
+  if (h < p.Hq + p.Hkv) {
+    const float2 cs = p.cos_sin[static_cast<int64_t>(p.positions[t]) * half + i];
+    const float ra = a * cs.x - b * cs.y;
+    const float rb = b * cs.x + a * cs.y;
+    a = ra;
+    b = rb;
+  }
+  const T ta = FromFloat<T>(a), tb = FromFloat<T>(b);
+  if (h < p.Hq) {
+    T* q = static_cast<T*>(p.q) + (t * p.Hq + h) * p.D;
+    q[i] = ta;
+    q[i + half] = tb;
+    return;
+  }
+  const bool is_k = h < p.Hq + p.Hkv;
+  const int kh = is_k ? h - p.Hq : h - p.Hq - p.Hkv;
+  T* dense = static_cast<T*>(is_k ? p.k : p.v);
+  if (dense != nullptr) {
+    T* r = dense + (t * p.Hkv + kh) * p.D;
+    r[i] = ta;
+    r[i + half] = tb;
+  }
+  if (p.slots != nullptr) {
+    T* cache = static_cast<T*>(is_k ? p.k_cache : p.v_cache);
+    T* r = cache + (static_cast<int64_t>(p.slots[t]) * p.Hkv + kh) * p.D;
+    r[i] = ta;
+    r[i + half] = tb;
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionParams p, float* ws_acc,
+                                                                 float2* ws_ml) {
+  constexpr int kLanes = D / 8;               // lanes per key, 8 elements each
+  constexpr int kGroups = kThreads / kLanes;  // keys in flight per CTA
+  __shared__ float sm_acc[kGroups][kMaxGroup][D];
+  __shared__ float2 sm_ml[kGroups][kMaxGroup];
+  PdlEnter();
+  const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int G = p.Hq / p.Hkv;
+  const int tok = p.rows[r], seq = p.row_seq[r], ctx = p.ctx_lens[r];
+  const int part = (ctx + splits - 1) / splits;
+  const int kbeg = split * part, kend = min(ctx, kbeg + part);
+  const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, d0 = lane * 8;
+
+  // q pre-scaled by scale * log2(e): the softmax runs in base 2.
+  float q[kMaxGroup][8];
+  const float qs = p.scale * kLog2e;
+  const T* Q = static_cast<const T*>(p.q);
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g < G) {
+      Vec<T, 8> v;
+      v.Load(Q + (static_cast<int64_t>(tok) * p.Hq + hk * G + g) * D + d0);
+      float f[8];
+      v.ToFloats(f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] = f[e] * qs;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[g][e] = 0.0f;
+    }
+  }
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][8];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  }
+
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * p.bt_stride;
+  const T* Kc = static_cast<const T*>(p.k_cache);
+  const T* Vc = static_cast<const T*>(p.v_cache);
+  // Uniform trip count over the CTA: the group shuffles need every lane.
+  for (int jb = kbeg; jb < kend; jb += kGroups) {
+    const int j = jb + grp;
+    const bool valid = j < kend;
+    float kf[8], vf[8];
+    if (valid) {
+      const int64_t slot = static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size;
+      const int64_t off = (slot * p.Hkv + hk) * D + d0;
+      Vec<T, 8> kv, vv;
+      kv.Load(Kc + off);
+      vv.Load(Vc + off);
+      kv.ToFloats(kf);
+      vv.ToFloats(vf);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.0f;
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g < G) {
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s += q[g][e] * kf[e];
+        s = GroupReduce(s, SumOp{}, kLanes);
+        if (valid) {
+          const float mn = fmaxf(m[g], s);
+          const float corr = exp2f(m[g] - mn);
+          const float pr = exp2f(s - mn);
+          l[g] = l[g] * corr + pr;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * corr + pr * vf[e];
+          m[g] = mn;
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    if (g < G) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sm_acc[grp][g][d0 + e] = acc[g][e];
+      if (lane == 0) sm_ml[grp][g] = make_float2(m[g], l[g]);
+    }
+  }
+  __syncthreads();
+  T* O = static_cast<T*>(p.o);
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float M = -INFINITY;
+    for (int k = 0; k < kGroups; ++k) M = fmaxf(M, sm_ml[k][g].x);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int k = 0; k < kGroups; ++k) {
+        const float w = exp2f(sm_ml[k][g].x - M);
+        L += sm_ml[k][g].y * w;
+        A += sm_acc[k][g][d] * w;
+      }
+    }
+    const int h = hk * G + g;
+    if (splits == 1) {
+      O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
+    } else {
+      const int64_t w = (static_cast<int64_t>(r) * p.Hq + h) * splits + split;
+      ws_acc[w * D + d] = A;
+      if (d == 0) ws_ml[w] = make_float2(M, L);
+    }
+  }
+}
+
+// One CTA of D threads per (row, q head).
+template <typename T>
+__global__ void PagedCombineKernel(PagedAttentionParams p, int splits, const float* ws_acc, const float2* ws_ml) {
+  PdlEnter();
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int64_t base = (static_cast<int64_t>(r) * p.Hq + h) * splits;
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws_ml[base + s].x);
+  float L = 0.0f, A = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float2 ml = ws_ml[base + s];
+    if (ml.x == -INFINITY) continue;
+    const float w = exp2f(ml.x - M);
+    L += ml.y * w;
+    A += ws_acc[(base + s) * p.D + d] * w;
+  }
+  T* O = static_cast<T*>(p.o);
+  O[(static_cast<int64_t>(p.rows[r]) * p.Hq + h) * p.D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
+}
+
+template <typename T, int D>
+CudaStatus LaunchPagedTyped(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream) {
+  float* ws_acc = static_cast<float*>(workspace);
+  float2* ws_ml = nullptr;
+  if (splits > 1) {
+    ws_ml = reinterpret_cast<float2*>(ws_acc + static_cast<int64_t>(p.R) * p.Hq * splits * D);
+  }
+  const dim3 grid(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(splits));
+  if (CudaStatus s = LaunchKernel(PagedAttentionKernel<T, D>, grid, dim3(kThreads), 0, stream, 1, p, ws_acc, ws_ml);
+      !s.ok()) {
+    return s;
+  }
+  if (splits == 1) return CudaStatus::Ok();
+  return LaunchKernel(PagedCombineKernel<T>, dim3(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hq)), dim3(D),
+                      0, stream, 1, p, splits, static_cast<const float*>(ws_acc),
+                      static_cast<const float2*>(ws_ml));
+}
+
+}  // namespace
+
+CudaStatus LaunchGatherRows(const void* src, const int32_t* idx, int64_t n, int64_t row_bytes, void* dst,
+                            cudaStream_t stream) {
+  if (n <= 0) return CudaStatus::Ok();
+  const bool vec16 = row_bytes % 16 == 0 && Aligned16(src) && Aligned16(dst);
+  return LaunchKernel(GatherRowsKernel, dim3(static_cast<unsigned>(n)), dim3(128), 0, stream, 1,
+                      static_cast<const uint8_t*>(src), idx, row_bytes, vec16, static_cast<uint8_t*>(dst));
+}
+
+CudaStatus LaunchRopeKvWrite(const RopeKvParams& p, cudaStream_t stream) {
+  if (p.T <= 0) return CudaStatus::Ok();
+  if (p.D <= 0 || p.D % 2 != 0) return CudaStatus::Unsupported("rope needs an even head dim");
+  const int64_t units = p.T * (p.Hq + 2 * p.Hkv) * (p.D / 2);
+  const dim3 grid(static_cast<unsigned>(CeilDiv(units, 256)));
+  CudaStatus st = CudaStatus::Unsupported(std::string("rope_kv_write: unsupported dtype ") + DTypeName(p.dtype));
+  DispatchFloatType(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    st = LaunchKernel(RopeKvKernel<T>, grid, dim3(256), 0, stream, 1, p);
+  });
+  return st;
+}
+
+bool PagedAttentionSupported(int Hq, int Hkv, int D) {
+  return Hkv > 0 && Hq % Hkv == 0 && Hq / Hkv <= kMaxGroup && (D == 16 || D == 32 || D == 64 || D == 128);
+}
+
+int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
+  const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(R) * Hkv);
+  int s = static_cast<int>(std::min<int64_t>(16, CeilDiv(2 * static_cast<int64_t>(sm_count), ctas)));
+  s = std::min(s, std::max(1, max_ctx / 64));  // parts of at least ~64 keys
+  while (s > 1 && static_cast<int64_t>(R) * s > kPagedMaxSplitRows) --s;
+  return std::max(s, 1);
+}
+
+size_t PagedAttentionWorkspaceBytes(int R, int Hq, int D, int splits) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(R) * Hq * splits * (static_cast<size_t>(D) * sizeof(float) + sizeof(float2));
+}
+
+CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream) {
+  if (p.R <= 0) return CudaStatus::Ok();
+  if (!PagedAttentionSupported(p.Hq, p.Hkv, p.D)) {
+    return CudaStatus::Unsupported("paged attention: head dim must be 16/32/64/128 and Hq/Hkv <= 8");
+  }
+  if (splits < 1 || splits > 65535) return CudaStatus::Error("paged attention: bad split count");
+  if (splits > 1 && workspace == nullptr) return CudaStatus::Error("paged attention: splits > 1 needs a workspace");
+  CudaStatus st = CudaStatus::Unsupported(std::string("paged attention: unsupported dtype ") + DTypeName(p.dtype));
+  DispatchFloatType(p.dtype, [&](auto t) {
+    using T = decltype(t);
+    switch (p.D) {
+      case 16: st = LaunchPagedTyped<T, 16>(p, splits, workspace, stream); break;
+      case 32: st = LaunchPagedTyped<T, 32>(p, splits, workspace, stream); break;
+      case 64: st = LaunchPagedTyped<T, 64>(p, splits, workspace, stream); break;
+      default: st = LaunchPagedTyped<T, 128>(p, splits, workspace, stream); break;
+    }
+  });
+  return st;
+}
+
+}  // namespace fusedserve::cuda

@@ -1,0 +1,76 @@
+// Kernels of the paged KV cache the CUDA model runner needs around the
+// project's dense ops (kernels in paged_attention.cu):
+//   - row gather (embedding lookup, last-token rows before the LM head);
+//   - rope + K/V cache write in one pass over the QKV projection: q, k rotated
+//     with an fp32 cos/sin table built on the host in fp64 (so Llama-3.1
+//     rope scaling is exact; rope.h derives frequencies from theta alone),
+//     q/k/v split out densely for the prefill kernel and k/v stored into the
+//     cache slots (block * block_size + offset) of each token;
+//   - paged attention: each query row attends over keys [0, ctx) of its
+//     sequence, read through the sequence's block table (decode, and prefill
+//     chunks of sequences that already hold cache), split along the context
+//     (flash-decoding) with a combine pass when rows x kv heads are too few
+//     to fill the GPU.
+// Plain C++ header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/dtype.h"
+
+namespace fusedserve::cuda {
+
+// dst[i, :] = src[idx[i], :] for i < n, rows of row_bytes bytes.
+// src [rows, row_bytes]; idx [n] (device); dst [n, row_bytes]
+CudaStatus LaunchGatherRows(const void* src, const int32_t* idx, int64_t n, int64_t row_bytes, void* dst,
+                            cudaStream_t stream);
+
+struct RopeKvParams {
+  DType dtype = DType::kBF16;
+  const void* qkv = nullptr;           // [T, (Hq + 2 Hkv) * D]: q heads, k heads, v heads
+  const int32_t* positions = nullptr;  // [T], each < table rows
+  const float2* cos_sin = nullptr;     // [max_pos, D / 2]: (cos, sin) of pos * inv_freq[i]
+  const int32_t* slots = nullptr;      // [T] cache slot of each token; nullptr: no cache write
+  void* q = nullptr;                   // [T, Hq, D]
+  void* k = nullptr;                   // [T, Hkv, D]
+  void* v = nullptr;                   // [T, Hkv, D]
+  void* k_cache = nullptr;             // [slots, Hkv, D] (one layer)
+  void* v_cache = nullptr;             // [slots, Hkv, D]
+  int64_t T = 0;
+  int Hq = 0, Hkv = 0, D = 0;
+};
+CudaStatus LaunchRopeKvWrite(const RopeKvParams& p, cudaStream_t stream);
+
+struct PagedAttentionParams {
+  DType dtype = DType::kBF16;
+  const void* q = nullptr;              // [T, Hq, D]
+  void* o = nullptr;                    // [T, Hq, D]; only the rows named in `rows` are written
+  const void* k_cache = nullptr;        // [slots, Hkv, D] (one layer)
+  const void* v_cache = nullptr;        // [slots, Hkv, D]
+  const int32_t* rows = nullptr;        // [R] token index (into q/o) of each query row
+  const int32_t* row_seq = nullptr;     // [R] sequence (block table row) of each query row
+  const int32_t* ctx_lens = nullptr;    // [R] keys [0, ctx) are attended (causal: position + 1)
+  const int32_t* block_tables = nullptr;  // [seqs, bt_stride] block ids
+  int bt_stride = 0;
+  int block_size = 0;
+  int R = 0, Hq = 0, Hkv = 0, D = 0;
+  float scale = 0.0f;
+};
+
+// Head dims 16, 32, 64, 128; at most 8 query heads per kv head.
+bool PagedAttentionSupported(int Hq, int Hkv, int D);
+// Context splits for R rows: enough CTAs for about two per SM, at most 16,
+// and R * splits <= kPagedMaxSplitRows.
+constexpr int kPagedMaxSplitRows = 1024;
+int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
+// Scratch bytes for `splits` > 1 (0 for 1).
+size_t PagedAttentionWorkspaceBytes(int R, int Hq, int D, int splits);
+// Each row's context is cut in `splits` equal parts (the split count, not the
+// part length, is fixed so a CUDA graph can replay the launch for any ctx).
+CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream);
+
+}  // namespace fusedserve::cuda

@@ -1,0 +1,797 @@
+// CUDA ModelRunner: the LLaMA forward pass on the device in the model dtype
+// (bf16 for the presets), fp32 accumulation inside every kernel.
+//   weights     uploaded once; q/k/v and gate/up fused into one matrix each.
+//   KV cache    [layers][num_blocks + 1][block_size][Hkv][Dh] for K and V; the
+//               extra block is where the padding rows of a graph bucket write.
+//   step        embedding gather -> per layer: rms_norm, QKV GEMM, rope + cache
+//               write (paged_attention.h), attention (flash prefill for
+//               sequences starting at position 0, paged attention through the
+//               block tables for everything else), o_proj GEMM, add_rms_norm,
+//               SwiGLU MLP (GEMV path for <= 8 rows, cuBLASLt + silu_and_mul
+//               otherwise), add_rms_norm -> final norm -> last-token rows ->
+//               LM head -> logits copied to the host for the engine's sampler.
+//   buffers     sized at creation (options.max_tokens rows), grown only when a
+//               step is larger; no device allocation per step otherwise.
+//   graphs      a step where every sequence decodes one token runs from a CUDA
+//               graph of the next batch bucket (padding rows point at the spare
+//               block), captured when the KV cache is created.
+#ifdef FUSEDSERVE_HAVE_CUDA
+
+#include "server/model_cuda_runner.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mlp.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/paged_attention.h"
+
+namespace fusedserve {
+namespace {
+
+absl::Status ToAbsl(const CudaStatus& s, const char* what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string m = absl::StrCat(what, ": ", s.message);
+  return s.unsupported ? absl::InvalidArgumentError(m) : absl::InternalError(m);
+}
+
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+#define FS_RETURN_IF_ERROR(expr)           \
+  do {                                     \
+    if (absl::Status _s = (expr); !_s.ok()) \
+      return _s;                           \
+  } while (0)
+
+// Device memory, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  absl::Status Allocate(size_t bytes, const char* what) {
+    Reset();
+    if (bytes == 0) return absl::OkStatus();
+    if (cudaError_t e = cudaMalloc(&ptr_, bytes); e != cudaSuccess) {
+      ptr_ = nullptr;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what, ": ", cudaGetErrorString(e)));
+    }
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  void Reset() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pinned host memory.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  ~HostBuffer() { Reset(); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  absl::Status Allocate(size_t bytes) {
+    Reset();
+    if (bytes == 0) return absl::OkStatus();
+    return Cuda(cudaMallocHost(&ptr_, bytes), "cudaMallocHost");
+  }
+  void Reset() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// The int32 step inputs: one pinned staging area and one device area with the
+// same layout, so a step uploads them with one copy per used range.
+struct StepIndex {
+  int64_t cap_tokens = 0, cap_seqs = 0, bt_entries = 0;
+  // Offsets (in int32 elements) of each array.
+  int64_t tokens = 0, positions = 0, slots = 0, rows = 0, row_seq = 0, ctx = 0, seq_lens = 0, last_rows = 0,
+          block_tables = 0, total = 0;
+  void Layout(int64_t t, int64_t s, int64_t bt) {
+    cap_tokens = t;
+    cap_seqs = s;
+    bt_entries = bt;
+    int64_t o = 0;
+    auto take = [&](int64_t n) {
+      const int64_t at = o;
+      o += (n + 31) / 32 * 32;  // 128-byte aligned ranges
+      return at;
+    };
+    tokens = take(t);
+    positions = take(t);
+    slots = take(t);
+    rows = take(t);
+    row_seq = take(t);
+    ctx = take(t);
+    seq_lens = take(s);
+    last_rows = take(s);
+    block_tables = take(bt);
+    total = o;
+  }
+};
+
+class CudaModelRunner final : public ModelRunner {
+ public:
+  CudaModelRunner(const ModelConfig& c, const CudaModelRunnerOptions& o) : c_(c), o_(o) {}
+
+  ~CudaModelRunner() override {
+    cudaSetDevice(o_.device);
+    DropGraphs();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init(const ModelWeights& w) {
+    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    int sms = 0;
+    FS_RETURN_IF_ERROR(Cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o_.device), "sm count"));
+    sm_count_ = sms;
+    FS_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    dt_ = c_.dtype;
+    if (!IsFloat(dt_)) return absl::InvalidArgumentError("model dtype must be a float type");
+    es_ = DTypeSize(dt_);
+    if (!cuda::PagedAttentionSupported(static_cast<int>(c_.q_heads), static_cast<int>(c_.kv_heads),
+                                       static_cast<int>(c_.head_dim))) {
+      return absl::InvalidArgumentError(absl::StrCat("the CUDA model runner supports head dims 16/32/64/128 and at most 8 "
+                                                     "query heads per kv head (model: head dim ",
+                                                     c_.head_dim, ", ", c_.q_heads, "/", c_.kv_heads, ")"));
+    }
+    flash_ok_ = AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
+
+    FS_RETURN_IF_ERROR(Upload(w, {"model.embed_tokens.weight"}, &embed_));
+    FS_RETURN_IF_ERROR(Upload(w, {"model.norm.weight"}, &final_norm_));
+    if (!c_.tied_embeddings) FS_RETURN_IF_ERROR(Upload(w, {"lm_head.weight"}, &lm_head_own_));
+    lm_head_ = c_.tied_embeddings ? embed_.get() : lm_head_own_.get();
+    layers_ = std::vector<Layer>(c_.layers);
+    for (int64_t i = 0; i < c_.layers; ++i) {
+      const std::string p = absl::StrCat("model.layers.", i, ".");
+      Layer& L = layers_[i];
+      FS_RETURN_IF_ERROR(Upload(w, {p + "input_layernorm.weight"}, &L.attn_norm));
+      FS_RETURN_IF_ERROR(Upload(w, {p + "post_attention_layernorm.weight"}, &L.mlp_norm));
+      FS_RETURN_IF_ERROR(Upload(w,
+                                {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                                 p + "self_attn.v_proj.weight"},
+                                &L.wqkv));
+      FS_RETURN_IF_ERROR(Upload(w, {p + "self_attn.o_proj.weight"}, &L.wo));
+      FS_RETURN_IF_ERROR(Upload(w, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.gate_up));
+      FS_RETURN_IF_ERROR(Upload(w, {p + "mlp.down_proj.weight"}, &L.down));
+    }
+
+    // cos/sin of pos * inv_freq (Llama-3.1 scaling included), fp64 on the host.
+    const std::vector<double> inv = c_.RopeInvFreq();
+    const int64_t half = c_.head_dim / 2;
+    table_rows_ = c_.max_position;
+    std::vector<float> cs(static_cast<size_t>(table_rows_ * half * 2));
+    for (int64_t p = 0; p < table_rows_; ++p) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(p) * inv[i];
+        cs[(p * half + i) * 2] = static_cast<float>(std::cos(a));
+        cs[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(a));
+      }
+    }
+    FS_RETURN_IF_ERROR(cos_sin_.Allocate(cs.size() * sizeof(float), "rope table"));
+    FS_RETURN_IF_ERROR(Cuda(cudaMemcpy(cos_sin_.get(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice),
+                            "rope table upload"));
+    return Reserve(std::max<int64_t>(1, o_.max_tokens), std::max<int64_t>(1, o_.max_seqs));
+  }
+
+  const ModelConfig& config() const override { return c_; }
+  std::string device() const override { return "cuda"; }
+
+  int64_t KvBytesPerBlock(int64_t block_size) const override {
+    return 2 * c_.layers * block_size * c_.kv_dim() * static_cast<int64_t>(DTypeSize(c_.dtype));
+  }
+
+  absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) override {
+    if (num_blocks <= 0 || block_size <= 0) return absl::InvalidArgumentError("KV cache needs blocks > 0");
+    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    DropGraphs();
+    num_blocks_ = num_blocks;
+    block_size_ = block_size;
+    // One spare block (index num_blocks) takes the K/V of graph padding rows.
+    layer_slots_ = (num_blocks + 1) * block_size;
+    const size_t bytes = static_cast<size_t>(c_.layers * layer_slots_ * c_.kv_dim()) * es_;
+    FS_RETURN_IF_ERROR(k_cache_.Allocate(bytes, "K cache"));
+    FS_RETURN_IF_ERROR(v_cache_.Allocate(bytes, "V cache"));
+    FS_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(k_cache_.get(), 0, bytes, stream_), "K cache clear"));
+    FS_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(v_cache_.get(), 0, bytes, stream_), "V cache clear"));
+    const int64_t max_ctx = std::min<int64_t>(table_rows_, num_blocks * block_size);
+    bt_stride_ = std::max<int64_t>(1, (max_ctx + block_size - 1) / block_size);
+    FS_RETURN_IF_ERROR(Reserve(cap_tokens_, cap_seqs_));
+    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "KV cache init"));
+    if (o_.cuda_graphs) FS_RETURN_IF_ERROR(CaptureGraphs());
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(const std::vector<SeqForward>& batch, std::vector<float>* logits) override {
+    if (k_cache_.get() == nullptr) return absl::FailedPreconditionError("KV cache not initialised");
+    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    const int64_t B = static_cast<int64_t>(batch.size());
+    if (B == 0) {
+      logits->clear();
+      return absl::OkStatus();
+    }
+    int64_t T = 0;
+    bool all_decode = true;
+    for (const SeqForward& s : batch) {
+      if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a forward batch");
+      const int64_t need = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
+      if (need > s.num_blocks) return absl::InternalError("block table too short for the sequence");
+      if (need > bt_stride_ || s.start + s.num_tokens > table_rows_) {
+        return absl::InvalidArgumentError("sequence longer than the model's maximum position");
+      }
+      T += s.num_tokens;
+      all_decode = all_decode && s.num_tokens == 1;
+    }
+    // Growing the buffers drops the graphs, so look one up only after.
+    FS_RETURN_IF_ERROR(Reserve(T, B));
+    const Graph* graph = nullptr;
+    int64_t bucket = B;
+    if (all_decode && !graphs_.empty()) {
+      auto it = graphs_.lower_bound(B);
+      if (it != graphs_.end() && it->first <= cap_seqs_ && it->first <= cap_tokens_) {
+        graph = &it->second;
+        bucket = it->first;
+      }
+    }
+
+    // Host staging of the step's indices.
+    int32_t* h = hidx_.as<int32_t>();
+    int32_t* tokens = h + ix_.tokens;
+    int32_t* positions = h + ix_.positions;
+    int32_t* slots = h + ix_.slots;
+    int32_t* rows = h + ix_.rows;
+    int32_t* row_seq = h + ix_.row_seq;
+    int32_t* ctx = h + ix_.ctx;
+    int32_t* seq_lens = h + ix_.seq_lens;
+    int32_t* last_rows = h + ix_.last_rows;
+    int32_t* bt = h + ix_.block_tables;
+    bool use_flash = false;
+    int64_t max_prefill = 0;
+    for (const SeqForward& s : batch) {
+      if (flash_ok_ && s.start == 0 && s.num_tokens > 1) use_flash = true;
+      if (s.start == 0) max_prefill = std::max(max_prefill, s.num_tokens);
+    }
+    int64_t row = 0, R = 0, max_ctx = 1;
+    for (int64_t b = 0; b < B; ++b) {
+      const SeqForward& s = batch[b];
+      const int64_t nb = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
+      std::copy_n(s.block_table, nb, bt + b * bt_stride_);
+      const bool paged = !(use_flash && s.start == 0);
+      for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
+        const int32_t tok = s.tokens[i];
+        if (tok < 0 || tok >= c_.vocab) return absl::InternalError("token id out of range");
+        const int64_t pos = s.start + i;
+        tokens[row] = tok;
+        positions[row] = static_cast<int32_t>(pos);
+        slots[row] = static_cast<int32_t>(s.block_table[pos / block_size_] * block_size_ + pos % block_size_);
+        if (paged) {
+          rows[R] = static_cast<int32_t>(row);
+          row_seq[R] = static_cast<int32_t>(b);
+          ctx[R] = static_cast<int32_t>(pos + 1);
+          ++R;
+          max_ctx = std::max(max_ctx, pos + 1);
+        }
+      }
+      seq_lens[b] = static_cast<int32_t>(s.num_tokens);
+      last_rows[b] = static_cast<int32_t>(row - 1);
+    }
+    // Padding rows of a graph bucket: token 0 at position 0 of the spare block.
+    for (int64_t b = B; b < bucket; ++b) {
+      tokens[b] = 0;
+      positions[b] = 0;
+      slots[b] = static_cast<int32_t>(num_blocks_ * block_size_);
+      rows[b] = static_cast<int32_t>(b);
+      row_seq[b] = static_cast<int32_t>(b);
+      ctx[b] = 1;
+      seq_lens[b] = 1;
+      last_rows[b] = static_cast<int32_t>(b);
+      bt[b * bt_stride_] = static_cast<int32_t>(num_blocks_);
+    }
+    const int64_t Tp = std::max(T, bucket), Bp = std::max(B, bucket), Rp = std::max(R, bucket);
+    FS_RETURN_IF_ERROR(Upload(ix_.tokens, Tp));
+    FS_RETURN_IF_ERROR(Upload(ix_.positions, Tp));
+    FS_RETURN_IF_ERROR(Upload(ix_.slots, Tp));
+    if (Rp > 0) {
+      FS_RETURN_IF_ERROR(Upload(ix_.rows, Rp));
+      FS_RETURN_IF_ERROR(Upload(ix_.row_seq, Rp));
+      FS_RETURN_IF_ERROR(Upload(ix_.ctx, Rp));
+    }
+    FS_RETURN_IF_ERROR(Upload(ix_.seq_lens, Bp));
+    FS_RETURN_IF_ERROR(Upload(ix_.last_rows, Bp));
+    FS_RETURN_IF_ERROR(Upload(ix_.block_tables, Bp * bt_stride_));
+
+    if (graph != nullptr) {
+      FS_RETURN_IF_ERROR(Cuda(cudaGraphLaunch(graph->exec, stream_), "cudaGraphLaunch"));
+    } else {
+      Step st;
+      st.T = T;
+      st.B = B;
+      st.R = R;
+      st.use_flash = use_flash;
+      st.max_prefill = max_prefill;
+      st.splits = cuda::PagedAttentionSplits(static_cast<int>(R), static_cast<int>(c_.kv_heads),
+                                             static_cast<int>(max_ctx), sm_count_);
+      FS_RETURN_IF_ERROR(EnqueueForward(st));
+    }
+    return DownloadLogits(B, logits);
+  }
+
+  absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
+                         float* hidden) override {
+    if (first < 0 || n < 0 || first + n > c_.layers) return absl::InvalidArgumentError("layer range out of bounds");
+    if (n == 0 || B * S == 0) return absl::OkStatus();
+    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    const int64_t T = B * S, D = c_.hidden;
+    for (int64_t i = 0; i < T; ++i) {
+      if (positions[i] < 0 || positions[i] >= table_rows_) {
+        return absl::InvalidArgumentError(absl::StrCat("position ", positions[i], " outside [0, ", table_rows_, ")"));
+      }
+    }
+    if (S > (int64_t{1} << 30)) return absl::InvalidArgumentError("sequence too long");
+    FS_RETURN_IF_ERROR(Reserve(T, B));
+    // The graphs read the step buffers at fixed addresses; this path reuses
+    // them and never touches the KV cache.
+    int32_t* h = hidx_.as<int32_t>();
+    for (int64_t i = 0; i < T; ++i) {
+      h[ix_.positions + i] = static_cast<int32_t>(positions[i]);
+      h[ix_.rows + i] = static_cast<int32_t>(i);
+      h[ix_.row_seq + i] = static_cast<int32_t>(i / S);
+      h[ix_.ctx + i] = static_cast<int32_t>(i % S + 1);
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      h[ix_.seq_lens + b] = static_cast<int32_t>(S);
+      h[ix_.last_rows + b] = static_cast<int32_t>(b);  // identity block table: sequence b = "block" b
+    }
+    FS_RETURN_IF_ERROR(Upload(ix_.positions, T));
+    FS_RETURN_IF_ERROR(Upload(ix_.rows, T));
+    FS_RETURN_IF_ERROR(Upload(ix_.row_seq, T));
+    FS_RETURN_IF_ERROR(Upload(ix_.ctx, T));
+    FS_RETURN_IF_ERROR(Upload(ix_.seq_lens, B));
+    FS_RETURN_IF_ERROR(Upload(ix_.last_rows, B));
+    std::vector<uint8_t> x(static_cast<size_t>(T * D) * es_);
+    ConvertFromFloat(hidden, T * D, x.data());
+    FS_RETURN_IF_ERROR(
+        Cuda(cudaMemcpyAsync(x_[0].get(), x.data(), x.size(), cudaMemcpyHostToDevice, stream_), "hidden upload"));
+    Step st;
+    st.T = T;
+    st.B = B;
+    st.R = T;
+    st.use_flash = flash_ok_;
+    st.max_prefill = S;
+    st.splits = 1;
+    st.block_layers = true;
+    st.block_size = S;
+    FS_RETURN_IF_ERROR(EnqueueLayers(st, first, first + n));
+    FS_RETURN_IF_ERROR(
+        Cuda(cudaMemcpyAsync(x.data(), x_[0].get(), x.size(), cudaMemcpyDeviceToHost, stream_), "hidden download"));
+    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "TransformerBlock"));
+    ConvertToFloat(x.data(), T * D, hidden);
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Layer {
+    DeviceBuffer attn_norm;  // [D]
+    DeviceBuffer wqkv;       // [(Hq + 2 Hkv) Dh, D]
+    DeviceBuffer wo;         // [D, Hq Dh]
+    DeviceBuffer mlp_norm;   // [D]
+    DeviceBuffer gate_up;    // [2I, D]
+    DeviceBuffer down;       // [D, I]
+  };
+  struct Step {
+    int64_t T = 0, B = 0, R = 0;  // token rows, sequences, paged query rows
+    bool use_flash = false;       // flash prefill over every sequence (rows of the others redone by paged)
+    int64_t max_prefill = 0;      // longest sequence in the flash launch
+    int splits = 1;               // paged attention context splits
+    bool block_layers = false;    // TransformerBlock: the dense k/v of the step are the "cache"
+    int64_t block_size = 0;       // TransformerBlock: S
+  };
+  struct Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+
+  void ConvertFromFloat(const float* src, int64_t n, uint8_t* dst) const {
+    if (dt_ == DType::kF32) {
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    }
+    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = dt_ == DType::kBF16 ? FloatToBf16(src[i]) : FloatToHalf(src[i]);
+  }
+  void ConvertToFloat(const uint8_t* src, int64_t n, float* dst) const {
+    if (dt_ == DType::kF32) {
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    }
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    if (dt_ == DType::kBF16) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(s[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(s[i]);
+    }
+  }
+
+  // Concatenates the named tensors (rows of row-major matrices) in dt_ and uploads them.
+  absl::Status Upload(const ModelWeights& w, const std::vector<std::string>& names, DeviceBuffer* out) {
+    std::vector<uint8_t> bytes;
+    for (const std::string& n : names) {
+      const WeightTensor& t = w.Get(n);
+      if (!t.is_float) return absl::InvalidArgumentError(absl::StrCat(n, ": not a float tensor"));
+      const size_t at = bytes.size();
+      bytes.resize(at + static_cast<size_t>(t.numel()) * es_);
+      if (t.dtype == dt_) {
+        std::memcpy(bytes.data() + at, t.data, t.bytes);
+      } else {
+        const std::vector<float> f = t.ToFloat();
+        ConvertFromFloat(f.data(), static_cast<int64_t>(f.size()), bytes.data() + at);
+      }
+    }
+    FS_RETURN_IF_ERROR(out->Allocate(bytes.size(), names[0].c_str()));
+    return Cuda(cudaMemcpy(out->get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "weight upload");
+  }
+
+  // Grows the step buffers to hold `tokens` rows and `seqs` sequences.
+  absl::Status Reserve(int64_t tokens, int64_t seqs) {
+    const int64_t bt = std::max(seqs * bt_stride_, tokens);
+    const bool grow_rows = tokens > cap_tokens_;
+    const bool grow_idx = grow_rows || seqs > cap_seqs_ || bt > ix_.bt_entries;
+    if (!grow_rows && !grow_idx) return absl::OkStatus();
+    if (cap_tokens_ > 0) DropGraphs();  // they captured the old addresses
+    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "sync before growing buffers"));
+    const int64_t T = std::max(tokens, cap_tokens_), Sq = std::max(seqs, cap_seqs_);
+    if (grow_rows || seqs > cap_seqs_) {
+      const int64_t D = c_.hidden, qkvd = c_.q_dim() + 2 * c_.kv_dim(), I = c_.intermediate;
+      FS_RETURN_IF_ERROR(x_[0].Allocate(T * D * es_, "residual"));
+      FS_RETURN_IF_ERROR(x_[1].Allocate(T * D * es_, "residual"));
+      FS_RETURN_IF_ERROR(h_.Allocate(T * D * es_, "normed"));
+      FS_RETURN_IF_ERROR(tmp_.Allocate(T * D * es_, "tmp"));
+      FS_RETURN_IF_ERROR(qkv_.Allocate(T * qkvd * es_, "qkv"));
+      FS_RETURN_IF_ERROR(q_.Allocate(T * c_.q_dim() * es_, "q"));
+      FS_RETURN_IF_ERROR(k_.Allocate(T * c_.kv_dim() * es_, "k"));
+      FS_RETURN_IF_ERROR(v_.Allocate(T * c_.kv_dim() * es_, "v"));
+      FS_RETURN_IF_ERROR(ao_.Allocate(T * c_.q_dim() * es_, "attention out"));
+      FS_RETURN_IF_ERROR(gu_.Allocate(T * 2 * I * es_, "gate_up"));
+      FS_RETURN_IF_ERROR(act_.Allocate(T * I * es_, "mlp act"));
+      FS_RETURN_IF_ERROR(last_.Allocate(Sq * D * es_, "last rows"));
+      FS_RETURN_IF_ERROR(logits_.Allocate(Sq * c_.vocab * es_, "logits"));
+      FS_RETURN_IF_ERROR(hlogits_.Allocate(Sq * c_.vocab * es_));
+      const size_t ws = cuda::PagedAttentionWorkspaceBytes(cuda::kPagedMaxSplitRows, static_cast<int>(c_.q_heads),
+                                                           static_cast<int>(c_.head_dim), 2);
+      if (ws_.bytes() == 0) FS_RETURN_IF_ERROR(ws_.Allocate(ws / 2, "attention workspace"));
+      cap_tokens_ = T;
+      cap_seqs_ = Sq;
+    }
+    ix_.Layout(T, Sq, std::max(bt, ix_.bt_entries));
+    FS_RETURN_IF_ERROR(didx_.Allocate(ix_.total * sizeof(int32_t), "step indices"));
+    FS_RETURN_IF_ERROR(hidx_.Allocate(ix_.total * sizeof(int32_t)));
+    std::memset(hidx_.as<int32_t>(), 0, ix_.total * sizeof(int32_t));
+    return absl::OkStatus();
+  }
+
+  absl::Status Upload(int64_t offset, int64_t count) {
+    if (count <= 0) return absl::OkStatus();
+    return Cuda(cudaMemcpyAsync(didx_.as<int32_t>() + offset, hidx_.as<int32_t>() + offset, count * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, stream_),
+                "step index upload");
+  }
+
+  absl::Status DownloadLogits(int64_t B, std::vector<float>* logits) {
+    const int64_t n = B * c_.vocab;
+    FS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(hlogits_.as<uint8_t>(), logits_.get(), n * es_, cudaMemcpyDeviceToHost,
+                                            stream_),
+                            "logits download"));
+    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "forward step"));
+    logits->resize(n);
+    ConvertToFloat(hlogits_.as<uint8_t>(), n, logits->data());
+    return absl::OkStatus();
+  }
+
+  const int32_t* Idx(int64_t offset) const { return didx_.as<int32_t>() + offset; }
+  uint8_t* KCache(int64_t l) const { return k_cache_.as<uint8_t>() + l * layer_slots_ * c_.kv_dim() * es_; }
+  uint8_t* VCache(int64_t l) const { return v_cache_.as<uint8_t>() + l * layer_slots_ * c_.kv_dim() * es_; }
+
+  // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
+  absl::Status Linear(const void* x, const void* w, int64_t M, int64_t K, int64_t N, void* y) {
+    GemmArgs a;
+    a.dtype = dt_;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.x = x;
+    a.w = w;
+    a.y = y;
+    if (GemvSupported(dt_, M, K, x, w)) return ToAbsl(LaunchGemv(a, /*after_gemv=*/false, stream_), "gemv");
+    return ToAbsl(GemmForward(a, 0, stream_), "gemm");
+  }
+
+  absl::Status Norm(cuda::NormKind kind, const void* x, const void* residual, const void* weight, int64_t rows,
+                    void* y, void* residual_out) {
+    cuda::NormParams p;
+    p.kind = kind;
+    p.dtype = dt_;
+    p.x = x;
+    p.residual = residual;
+    p.weight = weight;
+    p.y = y;
+    p.residual_out = residual_out;
+    p.rows = rows;
+    p.hidden = c_.hidden;
+    p.eps = static_cast<float>(c_.rms_eps);
+    return ToAbsl(cuda::LaunchNorm(p, cuda::NormConfig{}, stream_), "rms_norm");
+  }
+
+  // Enqueues the whole step (no host synchronisation: also what a graph holds).
+  absl::Status EnqueueForward(const Step& st) {
+    FS_RETURN_IF_ERROR(ToAbsl(cuda::LaunchGatherRows(embed_.get(), Idx(ix_.tokens), st.T, c_.hidden * es_,
+                                                     x_[0].get(), stream_),
+                              "embedding"));
+    FS_RETURN_IF_ERROR(EnqueueLayers(st, 0, c_.layers));
+    // h holds final_norm(x); the LM head runs on each sequence's last row.
+    FS_RETURN_IF_ERROR(ToAbsl(
+        cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
+        "last rows"));
+    return Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get());
+  }
+
+  // Layers [first, end) over x_[0]; the residual ends in x_[0] again and h
+  // as final_norm(x) (what the LM head needs; TransformerBlock ignores it).
+  absl::Status EnqueueLayers(const Step& st, int64_t first, int64_t end) {
+    const int64_t T = st.T, D = c_.hidden, qd = c_.q_dim(), kvd = c_.kv_dim(), I = c_.intermediate;
+    const int64_t qkvd = qd + 2 * kvd;
+    int cur = 0;
+    FS_RETURN_IF_ERROR(Norm(cuda::NormKind::kRms, x_[cur].get(), nullptr, layers_[first].attn_norm.get(), T,
+                            h_.get(), nullptr));
+    for (int64_t l = first; l < end; ++l) {
+      const Layer& L = layers_[l];
+      FS_RETURN_IF_ERROR(Linear(h_.get(), L.wqkv.get(), T, D, qkvd, qkv_.get()));
+      cuda::RopeKvParams rp;
+      rp.dtype = dt_;
+      rp.qkv = qkv_.get();
+      rp.positions = Idx(ix_.positions);
+      rp.cos_sin = cos_sin_.as<float2>();
+      rp.slots = st.block_layers ? nullptr : Idx(ix_.slots);
+      rp.q = q_.get();
+      rp.k = k_.get();
+      rp.v = v_.get();
+      rp.k_cache = st.block_layers ? nullptr : KCache(l);
+      rp.v_cache = st.block_layers ? nullptr : VCache(l);
+      rp.T = T;
+      rp.Hq = static_cast<int>(c_.q_heads);
+      rp.Hkv = static_cast<int>(c_.kv_heads);
+      rp.D = static_cast<int>(c_.head_dim);
+      FS_RETURN_IF_ERROR(ToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"));
+      FS_RETURN_IF_ERROR(Attention(st, l));
+      FS_RETURN_IF_ERROR(Linear(ao_.get(), L.wo.get(), T, qd, D, tmp_.get()));
+      FS_RETURN_IF_ERROR(Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), L.mlp_norm.get(), T, h_.get(),
+                              x_[1 - cur].get()));
+      cur = 1 - cur;
+      if (GemvSupported(dt_, T, D, h_.get(), L.gate_up.get())) {
+        FS_RETURN_IF_ERROR(
+            ToAbsl(LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu"));
+      } else {
+        FS_RETURN_IF_ERROR(Linear(h_.get(), L.gate_up.get(), T, D, 2 * I, gu_.get()));
+        FS_RETURN_IF_ERROR(ToAbsl(LaunchMlpSiluAndMul(dt_, T, I, gu_.get(), act_.get(), stream_), "silu_and_mul"));
+      }
+      FS_RETURN_IF_ERROR(Linear(act_.get(), L.down.get(), T, I, D, tmp_.get()));
+      // Next layer's input norm fused with the residual add (the final norm
+      // after the last layer; outside Forward only the new residual is kept).
+      const void* next_w = l + 1 < end ? layers_[l + 1].attn_norm.get() : final_norm_.get();
+      FS_RETURN_IF_ERROR(
+          Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get()));
+      cur = 1 - cur;
+    }
+    if (cur != 0) {
+      FS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_[0].get(), x_[cur].get(), T * D * es_, cudaMemcpyDeviceToDevice,
+                                              stream_),
+                              "residual copy"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Attention(const Step& st, int64_t l) {
+    const int Hq = static_cast<int>(c_.q_heads), Hkv = static_cast<int>(c_.kv_heads);
+    const int Dh = static_cast<int>(c_.head_dim);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_dim)));
+    if (st.use_flash) {
+      AttentionArgs a;
+      a.dtype = dt_;
+      a.q = q_.get();
+      a.k = k_.get();
+      a.v = v_.get();
+      a.o = ao_.get();
+      a.seq_lens = Idx(ix_.seq_lens);
+      a.B = static_cast<int>(st.B);
+      a.T = static_cast<int>(st.T);
+      a.max_seqlen = static_cast<int>(st.max_prefill);
+      a.Hq = Hq;
+      a.Hkv = Hkv;
+      a.D = Dh;
+      a.causal = true;
+      a.scale = scale;
+      // 64-row CTAs while 128-row ones would give the SMs fewer than two
+      // waves (the rule of dispatch_compute.cc's attention_prefill).
+      const int64_t ctas128 = (st.max_prefill + 127) / 128 * Hq * st.B;
+      const int block_m = ctas128 < 4 * std::max(1, sm_count_) ? 64 : 128;
+      FS_RETURN_IF_ERROR(ToAbsl(LaunchAttentionPrefill(a, block_m, 4, stream_), "attention prefill"));
+      if (st.block_layers) return absl::OkStatus();
+    }
+    if (st.R == 0) return absl::OkStatus();
+    cuda::PagedAttentionParams p;
+    p.dtype = dt_;
+    p.q = q_.get();
+    p.o = ao_.get();
+    p.rows = Idx(ix_.rows);
+    p.row_seq = Idx(ix_.row_seq);
+    p.ctx_lens = Idx(ix_.ctx);
+    p.R = static_cast<int>(st.R);
+    p.Hq = Hq;
+    p.Hkv = Hkv;
+    p.D = Dh;
+    p.scale = scale;
+    if (st.block_layers) {
+      // TransformerBlock: sequence b's dense k/v rows [b*S, (b+1)*S) are its one "block".
+      p.k_cache = k_.get();
+      p.v_cache = v_.get();
+      p.block_tables = Idx(ix_.last_rows);
+      p.bt_stride = 1;
+      p.block_size = static_cast<int>(st.block_size);
+    } else {
+      p.k_cache = KCache(l);
+      p.v_cache = VCache(l);
+      p.block_tables = Idx(ix_.block_tables);
+      p.bt_stride = static_cast<int>(bt_stride_);
+      p.block_size = static_cast<int>(block_size_);
+    }
+    return ToAbsl(cuda::LaunchPagedAttention(p, st.splits, ws_.get(), stream_), "paged attention");
+  }
+
+  void DropGraphs() {
+    for (auto& entry : graphs_) {
+      if (entry.second.exec != nullptr) cudaGraphExecDestroy(entry.second.exec);
+      if (entry.second.graph != nullptr) cudaGraphDestroy(entry.second.graph);
+    }
+    graphs_.clear();
+  }
+
+  // Captures the pure-decode step for B = 1, 2, 4, ... max_graph_batch. Each
+  // is run once eagerly first (cuBLASLt plans are built outside the capture)
+  // on padding rows only, which touch nothing but the spare block.
+  absl::Status CaptureGraphs() {
+    DropGraphs();
+    const int64_t max_b = std::min<int64_t>(o_.max_graph_batch, cap_seqs_);
+    FS_RETURN_IF_ERROR(Reserve(std::max(cap_tokens_, max_b), std::max(cap_seqs_, max_b)));
+    std::map<int64_t, Graph> made;
+    for (int64_t b = 1; b <= max_b; b *= 2) {
+      int32_t* h = hidx_.as<int32_t>();
+      for (int64_t i = 0; i < b; ++i) {
+        h[ix_.tokens + i] = 0;
+        h[ix_.positions + i] = 0;
+        h[ix_.slots + i] = static_cast<int32_t>(num_blocks_ * block_size_);
+        h[ix_.rows + i] = static_cast<int32_t>(i);
+        h[ix_.row_seq + i] = static_cast<int32_t>(i);
+        h[ix_.ctx + i] = 1;
+        h[ix_.seq_lens + i] = 1;
+        h[ix_.last_rows + i] = static_cast<int32_t>(i);
+        h[ix_.block_tables + i * bt_stride_] = static_cast<int32_t>(num_blocks_);
+      }
+      FS_RETURN_IF_ERROR(Upload(0, ix_.total));
+      Step st;
+      st.T = st.B = st.R = b;
+      // Split count fixed per bucket (each row cuts its own context in that
+      // many parts), chosen for a long context.
+      st.splits = cuda::PagedAttentionSplits(static_cast<int>(b), static_cast<int>(c_.kv_heads),
+                                             static_cast<int>(bt_stride_ * block_size_), sm_count_);
+      FS_RETURN_IF_ERROR(EnqueueForward(st));
+      FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "graph warm-up step"));
+      Graph g;
+      FS_RETURN_IF_ERROR(Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture"));
+      absl::Status enq = EnqueueForward(st);
+      const cudaError_t end = cudaStreamEndCapture(stream_, &g.graph);
+      if (!enq.ok()) {
+        if (g.graph != nullptr) cudaGraphDestroy(g.graph);
+        return enq;
+      }
+      FS_RETURN_IF_ERROR(Cuda(end, "end capture"));
+      if (cudaError_t e = cudaGraphInstantiate(&g.exec, g.graph, 0); e != cudaSuccess) {
+        cudaGraphDestroy(g.graph);
+        return Cuda(e, "cudaGraphInstantiate");
+      }
+      made[b] = g;
+    }
+    graphs_ = std::move(made);
+    return absl::OkStatus();
+  }
+
+  const ModelConfig c_;
+  const CudaModelRunnerOptions o_;
+  DType dt_ = DType::kBF16;
+  size_t es_ = 2;
+  int sm_count_ = 0;
+  bool flash_ok_ = false;
+  cudaStream_t stream_ = nullptr;
+
+  DeviceBuffer embed_, final_norm_, lm_head_own_;
+  const void* lm_head_ = nullptr;
+  std::vector<Layer> layers_;
+  DeviceBuffer cos_sin_;
+  int64_t table_rows_ = 0;
+
+  int64_t num_blocks_ = 0, block_size_ = 0, layer_slots_ = 0, bt_stride_ = 0;
+  DeviceBuffer k_cache_, v_cache_;
+
+  int64_t cap_tokens_ = 0, cap_seqs_ = 0;
+  DeviceBuffer x_[2], h_, tmp_, qkv_, q_, k_, v_, ao_, gu_, act_, last_, logits_, ws_;
+  HostBuffer hlogits_;
+  StepIndex ix_;
+  DeviceBuffer didx_;
+  HostBuffer hidx_;
+
+  std::map<int64_t, Graph> graphs_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,
+                                                                  const CudaModelRunnerOptions& options) {
+  if (weights == nullptr) return absl::InvalidArgumentError("no weights");
+  if (absl::Status s = weights->config().Validate(); !s.ok()) return s;
+  auto runner = std::make_unique<CudaModelRunner>(weights->config(), options);
+  if (absl::Status s = runner->Init(*weights); !s.ok()) return s;
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+absl::StatusOr<int64_t> CudaKvCacheBlocks(const ModelRunner& runner, int device, int64_t block_size,
+                                          double fraction, int64_t reserve_bytes) {
+  if (block_size <= 0) return absl::InvalidArgumentError("block size must be positive");
+  FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "cudaSetDevice"));
+  size_t free_b = 0, total_b = 0;
+  FS_RETURN_IF_ERROR(Cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
+  const double usable = static_cast<double>(free_b) * fraction - static_cast<double>(reserve_bytes);
+  const int64_t per_block = runner.KvBytesPerBlock(block_size);
+  // One block fewer: the runner adds a spare one for graph padding rows.
+  const int64_t blocks = static_cast<int64_t>(usable / static_cast<double>(per_block)) - 1;
+  if (blocks < 2) {
+    return absl::ResourceExhaustedError(absl::StrCat("free GPU memory (", free_b >> 20,
+                                                     " MiB) leaves no room for the KV cache"));
+  }
+  return blocks;
+}
+
+}  // namespace fusedserve
+
+#endif  // FUSEDSERVE_HAVE_CUDA

@@ -1,0 +1,38 @@
+// The CUDA ModelRunner (model_cuda_runner.cc): weights on the device in the
+// model dtype, a paged KV cache in device memory, the forward step on the
+// project's kernels (norm.h, gemm.h, mlp.h, attention.h, paged_attention.h),
+// pure-decode steps replayed from CUDA graphs captured per batch bucket.
+// Only built with CUDA (FUSEDSERVE_HAVE_CUDA).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "server/model_runner.h"
+
+namespace fusedserve {
+
+struct CudaModelRunnerOptions {
+  int device = 0;  // CUDA device ordinal
+  // Token rows the step buffers hold from the start (prefill tokens plus
+  // decodes of one step); a larger step grows them once and drops the graphs.
+  int64_t max_tokens = 8192;
+  // Sequences per step the buffers hold from the start (grown likewise).
+  int64_t max_seqs = 256;
+  // Capture the pure-decode step of each batch bucket (1, 2, 4, ... up to
+  // max_graph_batch) in a CUDA graph when the KV cache is created.
+  bool cuda_graphs = true;
+  int64_t max_graph_batch = 64;
+};
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,
+                                                                  const CudaModelRunnerOptions& options);
+
+// KV cache blocks of block_size positions that fit in `fraction` of the
+// device's free memory, less `reserve_bytes` (call after MakeCudaModelRunner:
+// weights and step buffers are already taken).
+absl::StatusOr<int64_t> CudaKvCacheBlocks(const ModelRunner& runner, int device, int64_t block_size,
+                                          double fraction, int64_t reserve_bytes);
+
+}  // namespace fusedserve

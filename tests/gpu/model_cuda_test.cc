@@ -1,0 +1,275 @@
+// The CUDA model runner against the CPU model runner (the fp32 oracle) on the
+// same random weights: prefill logits (mixed prompt lengths in one step, and
+// a prompt split over two steps), greedy decode of a batch whose sequences
+// join at different steps (decode steps replay CUDA graphs, padding rows
+// included), and TransformerBlock layer ranges. Both runners are fed the same
+// tokens (the CPU's greedy choice), so one near-tie never cascades; a token
+// where the two argmaxes differ must be a near-tie of the CPU logits.
+// Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "server/model_cuda_runner.h"
+#include "server/model_runner.h"
+#include "server/model_weights.h"
+
+namespace fusedserve {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+ModelConfig MidConfig() {
+  ModelConfig c;
+  c.name = "mid";
+  c.hidden = 512;
+  c.layers = 4;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.intermediate = 1536;
+  c.vocab = 2048;
+  c.max_position = 4096;
+  c.dtype = DType::kBF16;
+  return c;
+}
+
+ModelConfig Mid128Config() {  // head dim 128, GQA 4, untied, llama3 rope scaling
+  ModelConfig c = MidConfig();
+  c.name = "mid128";
+  c.hidden = 512;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 128;
+  c.rope_scaling = {true, 8.0, 1.0, 4.0, 512};
+  return c;
+}
+
+// Relative L2 bound on logits: bf16 activations vs the fp32 CPU runner.
+double Tolerance(const ModelConfig& c) { return c.dtype == DType::kF32 ? 1e-3 : 3e-2; }
+
+double RelErr(const float* got, const float* ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Pair {
+  std::unique_ptr<ModelRunner> cpu, gpu;
+};
+
+Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool graphs = true) {
+  Pair p;
+  auto cpu = MakeCpuModelRunner(ModelWeights::Random(c, 7), 0);
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  CudaModelRunnerOptions o;
+  o.max_tokens = 1024;
+  o.max_seqs = 16;
+  o.cuda_graphs = graphs;
+  o.max_graph_batch = 8;
+  auto gpu = MakeCudaModelRunner(ModelWeights::Random(c, 7), o);
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  if (!cpu.ok() || !gpu.ok()) return p;
+  p.cpu = *std::move(cpu);
+  p.gpu = *std::move(gpu);
+  EXPECT_TRUE(p.cpu->InitKvCache(blocks, block_size).ok());
+  absl::Status s = p.gpu->InitKvCache(blocks, block_size);
+  EXPECT_TRUE(s.ok()) << s;
+  return p;
+}
+
+// A sequence of the test: its tokens so far, how many are cached, its blocks.
+struct Seq {
+  std::vector<int32_t> tokens;
+  int64_t cached = 0;
+  std::vector<int32_t> blocks;
+};
+
+int Argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+
+class ModelCudaTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  }
+  ModelConfig Config() const {
+    switch (GetParam()) {
+      case 0: return *PresetConfig("tiny");
+      case 1: return MidConfig();
+      default: return Mid128Config();
+    }
+  }
+};
+
+// Prefill of prompts of several lengths in one step, then the same logits
+// when a prompt is split over two steps (the second chunk attends through the
+// block table: the paged path with several query rows per sequence).
+TEST_P(ModelCudaTest, PrefillLogits) {
+  const ModelConfig c = Config();
+  const int64_t bs = 16;
+  Pair p = MakePair(c, 256, bs);
+  ASSERT_TRUE(p.gpu != nullptr);
+  std::mt19937 rng(1);
+  const std::vector<int64_t> lens = {1, 7, 37, 300};
+  std::vector<Seq> seqs(lens.size());
+  // Blocks handed out in a shuffled order so block tables are not contiguous.
+  std::vector<int32_t> free_blocks(256);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  size_t next = 0;
+  std::vector<SeqForward> batch;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    for (int64_t t = 0; t < lens[i]; ++t) seqs[i].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+    for (int64_t b = 0; b < (lens[i] + bs - 1) / bs; ++b) seqs[i].blocks.push_back(free_blocks[next++]);
+    SeqForward f;
+    f.tokens = seqs[i].tokens.data();
+    f.num_tokens = lens[i];
+    f.block_table = seqs[i].blocks.data();
+    f.num_blocks = static_cast<int64_t>(seqs[i].blocks.size());
+    batch.push_back(f);
+  }
+  std::vector<float> lc, lg;
+  ASSERT_TRUE(p.cpu->Forward(batch, &lc).ok());
+  absl::Status s = p.gpu->Forward(batch, &lg);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(lc.size(), lg.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    const double e = RelErr(lg.data() + i * c.vocab, lc.data() + i * c.vocab, c.vocab);
+    std::printf("[%s] prefill len %ld: logits rel err %.3e\n", c.name.c_str(), static_cast<long>(lens[i]), e);
+    EXPECT_LT(e, Tolerance(c)) << "prompt length " << lens[i];
+  }
+
+  // The 300-token prompt again in two chunks: 200 then 100 tokens.
+  Seq& long_seq = seqs.back();
+  std::vector<int32_t> blocks2;
+  for (size_t b = 0; b < long_seq.blocks.size(); ++b) blocks2.push_back(free_blocks[next++]);
+  std::vector<float> l1c, l1g;
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    SeqForward f;
+    f.start = chunk == 0 ? 0 : 200;
+    f.num_tokens = chunk == 0 ? 200 : 100;
+    f.tokens = long_seq.tokens.data() + f.start;
+    f.block_table = blocks2.data();
+    f.num_blocks = static_cast<int64_t>(blocks2.size());
+    ASSERT_TRUE(p.cpu->Forward({f}, &l1c).ok());
+    s = p.gpu->Forward({f}, &l1g);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  const double e = RelErr(l1g.data(), l1c.data(), c.vocab);
+  std::printf("[%s] chunked prefill 200+100: logits rel err %.3e\n", c.name.c_str(), e);
+  EXPECT_LT(e, Tolerance(c));
+}
+
+// Greedy decode of 4 sequences joining at steps 0, 0, 3, 6 (prefill and
+// decode mixed in a step; decode-only steps of 1..4 sequences from graphs).
+TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
+  const ModelConfig c = Config();
+  const int64_t bs = 16;
+  Pair p = MakePair(c, 256, bs);
+  ASSERT_TRUE(p.gpu != nullptr);
+  std::mt19937 rng(2);
+  const std::vector<int64_t> prompt = {5, 40, 17, 130};
+  const std::vector<int> join = {0, 0, 3, 6};
+  const int steps = 24;
+  std::vector<Seq> seqs(prompt.size());
+  int32_t next_block = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    for (int64_t t = 0; t < prompt[i]; ++t) seqs[i].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+  }
+  int exact = 0, near_ties = 0, total = 0;
+  double worst = 0;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<size_t> active;
+    std::vector<SeqForward> batch;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (step < join[i]) continue;
+      Seq& s = seqs[i];
+      const int64_t len = static_cast<int64_t>(s.tokens.size());
+      while (static_cast<int64_t>(s.blocks.size()) * bs < len) s.blocks.push_back(next_block++);
+      SeqForward f;
+      f.start = s.cached;
+      f.tokens = s.tokens.data() + s.cached;
+      f.num_tokens = len - s.cached;
+      f.block_table = s.blocks.data();
+      f.num_blocks = static_cast<int64_t>(s.blocks.size());
+      batch.push_back(f);
+      active.push_back(i);
+    }
+    std::vector<float> lc, lg;
+    ASSERT_TRUE(p.cpu->Forward(batch, &lc).ok());
+    absl::Status st = p.gpu->Forward(batch, &lg);
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t b = 0; b < active.size(); ++b) {
+      const float* rc = lc.data() + b * c.vocab;
+      const float* rg = lg.data() + b * c.vocab;
+      const double e = RelErr(rg, rc, c.vocab);
+      worst = std::max(worst, e);
+      EXPECT_LT(e, Tolerance(c)) << "step " << step << " seq " << active[b];
+      const int tc = Argmax(rc, c.vocab), tg = Argmax(rg, c.vocab);
+      ++total;
+      if (tc == tg) {
+        ++exact;
+      } else {
+        // Near-tie: the GPU's pick is within a few times the logits' own
+        // error of the CPU's maximum.
+        double rms = 0;
+        for (int64_t v = 0; v < c.vocab; ++v) rms += (double(rg[v]) - rc[v]) * (double(rg[v]) - rc[v]);
+        rms = std::sqrt(rms / c.vocab);
+        const double gap = double(rc[tc]) - rc[tg];
+        EXPECT_LE(gap, 6 * rms + 1e-4) << "step " << step << " seq " << active[b] << ": not a near-tie";
+        ++near_ties;
+      }
+      Seq& s = seqs[active[b]];
+      s.cached = static_cast<int64_t>(s.tokens.size());
+      s.tokens.push_back(tc);  // both runners continue with the CPU's token
+    }
+  }
+  std::printf("[%s] greedy: %d/%d tokens identical, %d near-ties, worst logits rel err %.3e\n", c.name.c_str(),
+              exact, total, near_ties, worst);
+  EXPECT_GE(exact, total * 9 / 10);
+}
+
+TEST_P(ModelCudaTest, TransformerBlockLayers) {
+  const ModelConfig c = Config();
+  Pair p = MakePair(c, 8, 16, /*graphs=*/false);
+  ASSERT_TRUE(p.gpu != nullptr);
+  const int64_t B = 2, S = 33, D = c.hidden;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(B * S * D);
+  for (float& v : x) v = nd(rng);
+  std::vector<int64_t> pos(B * S);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t s = 0; s < S; ++s) pos[b * S + s] = 10 * b + s;
+  }
+  const int64_t first = c.layers > 2 ? 1 : 0, n = std::min<int64_t>(2, c.layers);
+  std::vector<float> xc = x, xg = x;
+  ASSERT_TRUE(p.cpu->RunLayers(first, n, B, S, pos.data(), xc.data()).ok());
+  absl::Status st = p.gpu->RunLayers(first, n, B, S, pos.data(), xg.data());
+  ASSERT_TRUE(st.ok()) << st;
+  const double e = RelErr(xg.data(), xc.data(), B * S * D);
+  std::printf("[%s] TransformerBlock layers [%ld,%ld): rel err %.3e\n", c.name.c_str(), static_cast<long>(first),
+              static_cast<long>(first + n), e);
+  EXPECT_LT(e, Tolerance(c));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ModelCudaTest, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::string(i.param == 0 ? "tiny" : i.param == 1 ? "mid_d64" : "mid_d128");
+                         });
+
+}  // namespace
+}  // namespace fusedserve

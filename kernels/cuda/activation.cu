@@ -21,6 +21,7 @@ struct ActArgs {
   int64_t vpr;       // output vectors per row (silu_and_mul)
   FastDiv div_row;   // / vpr, for total < 2^31
   bool wide;         // total >= 2^31: plain 64-bit division
+  int64_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their inputs (vector path)
 };
 
 __device__ __forceinline__ float Silu(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
@@ -37,10 +38,32 @@ constexpr int ActMaxThreads(int unroll) { return unroll >= 4 ? 512 : 1024; }
 template <typename T, int kN, ActKind kKind, int kU>
 __global__ void __launch_bounds__(ActMaxThreads(kU)) ActKernel(const ActArgs a) {
   constexpr bool kSilu = kKind == ActKind::kSiluAndMul;
-  PdlEnter();
   const T* x = static_cast<const T*>(a.p.x);
   T* y = static_cast<T*>(a.p.y);
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kU + threadIdx.x;
+  const int64_t block_first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kU;
+  if constexpr (kN > 1) {
+    if (blockIdx.x < a.prefetch_blocks && threadIdx.x == 0) {
+      // This block's input bytes: one range for gelu; for silu_and_mul the
+      // gate and up ranges of its row, or the whole span when it crosses rows.
+      const int64_t last = min(a.total, block_first + static_cast<int64_t>(blockDim.x) * kU) - 1;
+      constexpr int64_t kB = sizeof(T);
+      if constexpr (kSilu) {
+        const int64_t r0 = block_first / a.vpr, r1 = last / a.vpr;
+        const int64_t c0 = block_first - r0 * a.vpr, c1 = last - r1 * a.vpr;
+        const T* g0 = x + r0 * 2 * a.p.cols + c0 * kN;
+        if (r0 == r1) {
+          PrefetchL2(g0, (c1 - c0 + 1) * kN * kB);
+          PrefetchL2(g0 + a.p.cols, (c1 - c0 + 1) * kN * kB);
+        } else {
+          PrefetchL2(g0, (x + r1 * 2 * a.p.cols + a.p.cols + (c1 + 1) * kN - g0) * kB);
+        }
+      } else {
+        PrefetchL2(x + block_first * kN, (last - block_first + 1) * kN * kB);
+      }
+    }
+  }
+  PdlEnter();
+  const int64_t base = block_first + threadIdx.x;
   Vec<T, kN> g[kU];
   Vec<T, kN> u[kSilu ? kU : 1];
 #pragma unroll
@@ -81,10 +104,11 @@ __global__ void __launch_bounds__(ActMaxThreads(kU)) ActKernel(const ActArgs a) 
 }
 
 template <typename T, int kN, ActKind kKind>
-CudaStatus LaunchUnroll(const ActArgs& a, const ActConfig& c, cudaStream_t stream) {
+CudaStatus LaunchUnroll(ActArgs a, const ActConfig& c, cudaStream_t stream) {
   const int64_t per_block = static_cast<int64_t>(c.threads) * c.unroll;
   const dim3 grid(static_cast<unsigned>(CeilDiv(a.total, per_block)));
   const dim3 block(static_cast<unsigned>(c.threads));
+  a.prefetch_blocks = PrefetchBlocks(c.threads);
   switch (c.unroll) {
     case 1: return LaunchKernel(ActKernel<T, kN, kKind, 1>, grid, block, 0, stream, 1, a);
     case 2: return LaunchKernel(ActKernel<T, kN, kKind, 2>, grid, block, 0, stream, 1, a);

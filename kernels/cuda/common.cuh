@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -128,23 +129,10 @@ struct MaxSumOp {
   static __device__ __forceinline__ MaxSum Identity() { return {-INFINITY, 0.0f}; }
 };
 
-// (count, mean, sum of squared deviations) of a row segment; combined with
-// Chan et al.'s pairwise update, so layer_norm needs one reduction and keeps
-// two-pass accuracy (each thread's part is exact two-pass over its registers).
-struct MeanM2 {
-  float n;
-  float mean;
-  float m2;
-};
-struct MeanM2Op {
-  __device__ __forceinline__ MeanM2 operator()(MeanM2 a, MeanM2 b) const {
-    if (a.n == 0.0f) return b;
-    if (b.n == 0.0f) return a;
-    const float n = a.n + b.n;
-    const float delta = b.mean - a.mean;
-    const float fb = b.n / n;
-    return {n, a.mean + delta * fb, a.m2 + b.m2 + delta * delta * a.n * fb};
-  }
+// Sum of pairs: (sum, sum of squares) of layer_norm's shifted values.
+struct Sum2Op {
+  __device__ __forceinline__ float2 operator()(float2 a, float2 b) const { return {a.x + b.x, a.y + b.y}; }
+  static __device__ __forceinline__ float2 Identity() { return {0.0f, 0.0f}; }
 };
 
 __device__ __forceinline__ float ShflXor(float v, int lane_mask) {
@@ -154,9 +142,8 @@ __device__ __forceinline__ MaxSum ShflXor(MaxSum v, int lane_mask) {
   return {__shfl_xor_sync(0xffffffffu, v.m, lane_mask), __shfl_xor_sync(0xffffffffu, v.s, lane_mask)};
 }
 
-__device__ __forceinline__ MeanM2 ShflXor(MeanM2 v, int lane_mask) {
-  return {__shfl_xor_sync(0xffffffffu, v.n, lane_mask), __shfl_xor_sync(0xffffffffu, v.mean, lane_mask),
-          __shfl_xor_sync(0xffffffffu, v.m2, lane_mask)};
+__device__ __forceinline__ float2 ShflXor(float2 v, int lane_mask) {
+  return {__shfl_xor_sync(0xffffffffu, v.x, lane_mask), __shfl_xor_sync(0xffffffffu, v.y, lane_mask)};
 }
 
 // Butterfly reduction over aligned groups of `width` lanes (a power of two
@@ -172,23 +159,24 @@ __device__ __forceinline__ V GroupReduce(V v, Op op, int width) {
 
 // Reduction over the threads of one row when a block holds several rows of
 // `tpr` threads each, laid out contiguously (row r = threads [r*tpr, (r+1)*tpr)).
-// tpr is a power of two <= 32 (shuffles only) or a multiple of 32 (shuffles,
-// then per-warp partials through `smem`, which needs blockDim.x / 32 slots).
-// Every thread of the block must call it (it may contain __syncthreads), and
-// every thread of the row gets the result.
+// tpr is a power of two: up to 32, shuffles only; above, shuffles, per-warp
+// partials through `smem` (blockDim.x / 32 slots), and every warp of the row
+// butterflies over those partials (5 shuffle steps, not a serial loop). Every
+// thread of the block must call it (it has a __syncthreads) and every thread
+// of the row gets the result. Once per `smem` buffer: there is no trailing
+// barrier, so a second reduction needs its own buffer.
 template <typename V, typename Op>
 __device__ __forceinline__ V RowReduce(V v, Op op, int tpr, V* smem) {
   if (tpr <= 32) return GroupReduce(v, op, tpr);
   v = GroupReduce(v, op, 32);
   const int warp = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) smem[warp] = v;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) smem[warp] = v;
   __syncthreads();
   const int warps_per_row = tpr >> 5;
   const int first = (warp / warps_per_row) * warps_per_row;
-  V r = smem[first];
-  for (int i = 1; i < warps_per_row; ++i) r = op(r, smem[first + i]);
-  __syncthreads();  // smem may be reused by the next reduction
-  return r;
+  V r = lane < warps_per_row ? smem[first + lane] : Op::Identity();
+  return GroupReduce(r, op, 32);  // all 32 lanes, so every lane gets the total
 }
 
 // ---- programmatic dependent launch (Hopper) ------------------------------------
@@ -200,13 +188,29 @@ __device__ __forceinline__ V RowReduce(V v, Op op, int tpr, V* smem) {
 // back-to-back kernels (the largest cost at M <= 32) and is correct whatever
 // the predecessor is. FUSEDSERVE_PDL=0 in the environment turns it off.
 
-// First statement of every kernel: waits for the previous grid, then lets
-// the next one launch (in this order, at most one grid waits behind a
-// running one).
+// Waits for the previous grid in the stream to complete (memory flushed),
+// then lets the next grid launch: at most one grid waits behind a running
+// one. Every kernel calls it before its first global load; only L2
+// prefetches (PrefetchL2) may precede it.
 __device__ __forceinline__ void PdlEnter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Bulk prefetch of [p, p + bytes) into L2 (p 16-byte aligned, bytes a
+// multiple of 16, inside one tensor). Issued before PdlEnter, it overlaps
+// this kernel's first HBM round trip with the previous kernel's tail. That
+// is safe even when the previous kernel writes these bytes: L2 is the point
+// of coherence for global memory and L1 is write-through, so the later loads
+// see the previous kernel's stores; only the HBM latency is hidden.
+__device__ __forceinline__ void PrefetchL2(const void* p, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bytes > 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(static_cast<uint32_t>(bytes))
+                 : "memory");
+  }
 #endif
 }
 
@@ -216,6 +220,24 @@ inline bool PdlEnabled() {
     return !(e != nullptr && e[0] == '0');
   }();
   return on;
+}
+
+// Blocks of `block_threads` that an H100-class GPU holds at once (threads
+// limit only): the ones that may run while the previous kernel finishes, so
+// the ones that prefetch. 0 when PDL is off (a prefetch right before the
+// load only adds traffic).
+inline int64_t PrefetchBlocks(int block_threads) {
+  if (!PdlEnabled()) return 0;
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+                                                  cudaSuccess) {
+      cudaGetLastError();
+      return 132;
+    }
+    return n;
+  }();
+  return static_cast<int64_t>(sms) * std::max(1, 2048 / std::max(1, block_threads));
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with PDL and, when
@@ -246,6 +268,8 @@ CudaStatus LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, si
   cfg.numAttrs = n;
   return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
+
+__host__ __device__ inline int64_t CeilDivDevice(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- host side -----------------------------------------------------------------
 

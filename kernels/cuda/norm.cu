@@ -4,12 +4,14 @@
 //   - kN: 16-byte vectors (kVec16<T> elements) or the scalar path (1);
 //   - kIters > 0: each of a row's `tpr` threads holds up to kIters vectors of
 //     the row in registers, so x (and the residual) are read from HBM once and
-//     the statistics and the output come from registers; layer_norm takes the
-//     mean and then the centred sum of squares from the registers (exact
-//     two-pass statistics with one memory pass);
+//     the statistics and the output come from registers;
 //   - kIters == 0: rows too long for registers stream through twice (the
-//     second read mostly hits L2); layer_norm then uses sums shifted by the
-//     row's first element to keep the one-pass variance well conditioned.
+//     second read mostly hits L2).
+// One block reduction per row: layer_norm reduces (sum, sum of squares) of
+// x minus the row's first element in one pass (a shift within a few standard
+// deviations of the mean keeps E[d^2] - E[d]^2 from cancelling); the earlier
+// mean-then-centred-squares version (two reductions) and a Chan-combining
+// one (a division per step) cost 0.6-1 us more at M = 1 on the H100.
 // Several short rows share a block (rows_per_block), rows of <= 32 threads
 // reduce with shuffles only. Bytes moved: x (+ residual) read once, y (+
 // residual_out) written once, weight/bias from L1/L2.
@@ -34,8 +36,9 @@ constexpr int NormMaxThreads(int bucket) { return bucket == 8 ? 512 : 1024; }
 
 struct NormArgs {
   NormParams p;
-  int tpr;             // threads per row
+  int tpr;                  // threads per row
   int rows_per_block;
+  int64_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their rows (vector path)
 };
 
 // y[j] = (f - mean) * rstd * w[j] (+ b[j]) (then silu) for vector j, with
@@ -73,8 +76,7 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
   constexpr int kArrays = 2 + (kAdd ? 1 : 0) + (kLayer ? 1 : 0);
   constexpr bool kPrefetch = kIters > 0 && kIters * kArrays <= 8;
   __shared__ float red[32];
-  __shared__ MeanM2 red_m2[32];
-  PdlEnter();
+  __shared__ float2 red2[32];
   const NormParams& p = a.p;
   const int tpr = a.tpr;
   const int rib = threadIdx.x / tpr;
@@ -91,6 +93,19 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
   const T* w = static_cast<const T*>(p.weight);                 // [H]
   const T* b = kLayer ? static_cast<const T*>(p.bias) : nullptr;  // [H]
   const float inv_h = 1.0f / static_cast<float>(H);
+  if constexpr (kN > 1) {
+    if (blockIdx.x < a.prefetch_blocks) {
+      if (active && lane == 0) {
+        PrefetchL2(x, H * sizeof(T));
+        if constexpr (kAdd) PrefetchL2(res, H * sizeof(T));
+      }
+      if (threadIdx.x == 0) {
+        PrefetchL2(w, H * sizeof(T));
+        if constexpr (kLayer) PrefetchL2(b, H * sizeof(T));
+      }
+    }
+  }
+  PdlEnter();
 
   // x (+ residual) of vector j as fp32. The sum is rounded to T first: it is
   // the residual_out the caller gets, and y is the norm of that tensor.
@@ -108,6 +123,35 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
     }
     v.ToFloats(f);
   };
+  // layer_norm statistics: sums of x - shift, shift = the row's first
+  // element (within a few standard deviations of the mean, so E[d^2] - E[d]^2
+  // does not cancel), reduced in one pass over the row's threads.
+  // rms_norm: the sum of squares.
+  float shift = 0.0f;
+  float acc = 0.0f, acc2 = 0.0f;
+  auto accumulate = [&](const float (&f)[kN]) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      if constexpr (kLayer) {
+        const float d = f[i] - shift;
+        acc += d;
+        acc2 += d * d;
+      } else {
+        acc += f[i] * f[i];
+      }
+    }
+  };
+  auto finish = [&](float* mean, float* rstd) {
+    if constexpr (kLayer) {
+      const float2 t = RowReduce(make_float2(acc, acc2), Sum2Op(), tpr, red2);
+      const float md = t.x * inv_h;
+      *mean = shift + md;
+      *rstd = rsqrtf(fmaxf(t.y * inv_h - md * md, 0.0f) + p.eps);
+    } else {
+      *mean = 0.0f;
+      *rstd = rsqrtf(RowReduce(acc, SumOp(), tpr, red) * inv_h + p.eps);
+    }
+  };
 
   if constexpr (kIters > 0) {
     // Register path: issue every load of the row first.
@@ -115,6 +159,9 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
     Vec<T, kN> r[kAdd ? kIters : 1];
     Vec<T, kN> wv[kPrefetch ? kIters : 1];
     Vec<T, kN> bv[kPrefetch && kLayer ? kIters : 1];
+    if constexpr (kLayer) {
+      if (active) shift = ToFloat(x[0]);
+    }
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int j = lane + it * tpr;
@@ -124,46 +171,19 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
         if constexpr (kPrefetch) LoadParams<T, kN, kKind>(w, b, j, wv[it], bv[kLayer ? it : 0]);
       }
     }
-    float acc = 0.0f;
-    MeanM2 part{0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int j = lane + it * tpr;
       if (active && j < nv) {
         float f[kN];
         combine(v[it], r[kAdd ? it : 0], j, true, f);
-#pragma unroll
-        for (int i = 0; i < kN; ++i) acc += kLayer ? f[i] : f[i] * f[i];
-        if constexpr (kLayer) part.n += kN;
+        accumulate(f);
       }
     }
-    float mean = 0.0f, rstd;
-    if constexpr (kLayer) {
-      // This thread's exact mean and centred squares, then one Chan-combining
-      // reduction over the row.
-      if (part.n > 0.0f) {
-        part.mean = acc / part.n;
 #pragma unroll
-        for (int it = 0; it < kIters; ++it) {
-          const int j = lane + it * tpr;
-          if (active && j < nv) {
-            float f[kN];
-            v[it].ToFloats(f);
-#pragma unroll
-            for (int i = 0; i < kN; ++i) part.m2 += (f[i] - part.mean) * (f[i] - part.mean);
-          }
-        }
-      }
-#pragma unroll
-      for (int it = 0; it < kIters; ++it) v[it].Launder();
-      const MeanM2 total = RowReduce(part, MeanM2Op(), tpr, red_m2);
-      mean = total.mean;
-      rstd = rsqrtf(total.m2 * inv_h + p.eps);
-    } else {
-#pragma unroll
-      for (int it = 0; it < kIters; ++it) v[it].Launder();
-      rstd = rsqrtf(RowReduce(acc, SumOp(), tpr, red) * inv_h + p.eps);
-    }
+    for (int it = 0; it < kIters; ++it) v[it].Launder();
+    float mean, rstd;
+    finish(&mean, &rstd);
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int j = lane + it * tpr;
@@ -180,9 +200,8 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
       }
     }
   } else {
-    // Streaming path for rows longer than the registers hold.
-    (void)red_m2;
-    float acc = 0.0f, acc2 = 0.0f, shift = 0.0f;
+    // Streaming path for rows longer than the registers hold: statistics in a
+    // first pass, normalisation in a second (mostly from L2).
     if constexpr (kLayer) {
       if (active) shift = ToFloat(x[0]);
     }
@@ -193,28 +212,11 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
         if constexpr (kAdd) r.Load(res + j * kN);
         float f[kN];
         combine(v, r, j, true, f);
-#pragma unroll
-        for (int i = 0; i < kN; ++i) {
-          if constexpr (kLayer) {
-            const float d = f[i] - shift;
-            acc += d;
-            acc2 += d * d;
-          } else {
-            acc += f[i] * f[i];
-          }
-        }
+        accumulate(f);
       }
     }
-    const float total = RowReduce(acc, SumOp(), tpr, red);
-    float mean = 0.0f, rstd;
-    if constexpr (kLayer) {
-      const float total2 = RowReduce(acc2, SumOp(), tpr, red);
-      const float md = total * inv_h;
-      mean = shift + md;
-      rstd = rsqrtf(fmaxf(total2 * inv_h - md * md, 0.0f) + p.eps);
-    } else {
-      rstd = rsqrtf(total * inv_h + p.eps);
-    }
+    float mean, rstd;
+    finish(&mean, &rstd);
     if (active) {
       for (int j = lane; j < nv; j += tpr) {
         Vec<T, kN> v, r;
@@ -380,7 +382,7 @@ CudaStatus LaunchNorm(const NormParams& p, const NormConfig& config, cudaStream_
   const int64_t nv = scalar ? p.hidden : p.hidden / vec;
   NormConfig c = config;
   if (!Fits(c, p.rows)) c = DefaultFor(p.rows, nv, scalar);
-  NormArgs a{p, c.threads_per_row, c.rows_per_block};
+  NormArgs a{p, c.threads_per_row, c.rows_per_block, PrefetchBlocks(c.threads_per_row * c.rows_per_block)};
   const int bucket = BucketFor(nv, c, scalar);
   CudaStatus status = CudaStatus::Error("LaunchNorm: unsupported dtype");
   DispatchFloatType(p.dtype, [&](auto tag) {

@@ -40,15 +40,27 @@ struct RopeArgs {
   double ratio;         // theta^(-2/D): inv_freq[i + 1] = inv_freq[i] * ratio
   double log2_theta;
   double base[kMaxBases];  // inv_freq[c * kN] = theta^(-2 c kN / D)
+  int64_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their tokens' q and k (vector path)
 };
 
 template <typename T, int kN, int kU>
 __global__ void __launch_bounds__(RopeMaxThreads(kU)) RopeKernel(const RopeArgs a) {
-  PdlEnter();
   const RopeParams& p = a.p;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kU + threadIdx.x;
+  const int64_t block_first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kU;
+  const int64_t first = block_first + threadIdx.x;
   const int hq = static_cast<int>(p.heads_q);
   const int64_t D = p.head_dim;
+  if constexpr (kN > 1) {
+    if (blockIdx.x < a.prefetch_blocks && threadIdx.x == 0) {
+      // q and k rows of the tokens this block touches.
+      const int64_t last = min(a.total, block_first + static_cast<int64_t>(blockDim.x) * kU) - 1;
+      const int64_t t0 = block_first / a.units_per_token, t1 = last / a.units_per_token;
+      PrefetchL2(static_cast<const T*>(p.q) + t0 * hq * D, (t1 - t0 + 1) * hq * D * static_cast<int64_t>(sizeof(T)));
+      PrefetchL2(static_cast<const T*>(p.k) + t0 * p.heads_kv * D,
+                 (t1 - t0 + 1) * p.heads_kv * D * static_cast<int64_t>(sizeof(T)));
+    }
+  }
+  PdlEnter();
   Vec<T, kN> x1[kU], x2[kU];
   int64_t off[kU];
   int c[kU], pos[kU];
@@ -130,7 +142,8 @@ int64_t TotalUnits(DType dtype, int64_t tokens, int64_t heads_q, int64_t heads_k
 }
 
 template <typename T, int kN>
-CudaStatus LaunchTyped(const RopeArgs& a, const RopeConfig& c, cudaStream_t stream) {
+CudaStatus LaunchTyped(RopeArgs a, const RopeConfig& c, cudaStream_t stream) {
+  a.prefetch_blocks = PrefetchBlocks(c.threads);
   const dim3 grid(static_cast<unsigned>(CeilDiv(a.total, static_cast<int64_t>(c.threads) * c.unroll)));
   const dim3 block(static_cast<unsigned>(c.threads));
   switch (c.unroll) {

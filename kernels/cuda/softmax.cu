@@ -17,6 +17,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/softmax.h"
@@ -27,7 +28,8 @@ namespace fusedserve::cuda {
 namespace {
 
 constexpr int kMaxIters = 8;
-constexpr int kMaxCluster = 8;  // the portable cluster size limit
+constexpr int kMaxCluster = 8;        // the portable cluster size limit (defaults stay within it)
+constexpr int kMaxClusterLarge = 16;  // H100's non-portable limit, for very long rows
 
 constexpr int ItersBucket(int64_t iters) {
   return iters <= 1 ? 1 : iters <= 2 ? 2 : iters <= 4 ? 4 : iters <= kMaxIters ? 8 : 0;
@@ -38,13 +40,17 @@ struct SoftmaxArgs {
   int tpr;
   int rows_per_block;
   int cluster;
-  int64_t seg;  // vectors per cluster rank
+  int64_t seg;              // vectors per cluster rank
+  int64_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their segments (vector path)
 };
 
 // Combines the (max, sum) of the `c` blocks of this cluster. Every thread of
 // the block calls it with its block's result; every thread gets the row's.
-// The caller must call cg::this_cluster().barrier_wait() before exiting (the
-// peers may still read this block's `part`).
+// `part` alternates between two buffers from one row to the next: a peer
+// reads buffer b of row i before it reaches the barrier of row i + 1, and
+// buffer b is written again only after that barrier (row i + 2). The kernel
+// ends with one more cluster barrier, so no block exits while a peer may
+// still read its shared memory.
 __device__ __forceinline__ MaxSum ClusterCombine(MaxSum t, int c, MaxSum* part) {
   cg::cluster_group cluster = cg::this_cluster();
   if (threadIdx.x == 0) *part = t;
@@ -52,29 +58,18 @@ __device__ __forceinline__ MaxSum ClusterCombine(MaxSum t, int c, MaxSum* part) 
   const int lane = threadIdx.x & 31;
   MaxSum q = MaxSumOp::Identity();
   if (lane < c) q = *cluster.map_shared_rank(part, lane);
-  q = GroupReduce(q, MaxSumOp(), 32);
-  cluster.barrier_arrive();
-  return q;
+  return GroupReduce(q, MaxSumOp(), 32);
 }
 
+// One row segment: the block's `tpr` threads (of row `row`) over vectors
+// [begin, end) of x; red/part are this row's buffers.
 template <typename T, int kN, int kIters>
-__global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
-  __shared__ MaxSum red2[32];
-  __shared__ MaxSum part;
-  PdlEnter();
+__device__ __forceinline__ void SoftmaxRow(const SoftmaxArgs& a, int64_t row, int lane, int64_t begin, int64_t end,
+                                           MaxSum* red, MaxSum* part) {
   const SoftmaxParams& p = a.p;
   const int c = a.cluster;
   const int tpr = a.tpr;
-  // A 1-D grid of 1-D clusters: consecutive blocks form a cluster.
-  const int rank = c > 1 ? static_cast<int>(blockIdx.x % c) : 0;
-  const int64_t block_row = c > 1 ? blockIdx.x / c : blockIdx.x;
-  const int rib = threadIdx.x / tpr;
-  const int lane = threadIdx.x - rib * tpr;
-  const int64_t row = block_row * a.rows_per_block + rib;
   const bool active = row < p.rows;
-  const int64_t nv = p.n / kN;
-  const int64_t begin = rank * a.seg;
-  const int64_t end = min(nv, begin + a.seg);
   const int64_t off = active ? row * p.n : 0;
   const T* x = static_cast<const T*>(p.x) + off;  // [n]
   T* y = static_cast<T*>(p.y) + off;              // [n]
@@ -116,8 +111,8 @@ __global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
     }
 #pragma unroll
     for (int it = 0; it < kIters; ++it) v[it].Launder();
-    MaxSum t = RowReduce(MaxSum{m, s}, MaxSumOp(), tpr, red2);
-    if (c > 1) t = ClusterCombine(t, c, &part);
+    MaxSum t = RowReduce(MaxSum{m, s}, MaxSumOp(), tpr, red);
+    if (c > 1) t = ClusterCombine(t, c, part);
     const float inv = 1.0f / t.s;
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
@@ -151,8 +146,8 @@ __global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
         t = {nm, s};
       }
     }
-    t = RowReduce(t, MaxSumOp(), tpr, red2);
-    if (c > 1) t = ClusterCombine(t, c, &part);
+    t = RowReduce(t, MaxSumOp(), tpr, red);
+    if (c > 1) t = ClusterCombine(t, c, part);
     const float inv = 1.0f / t.s;
     if (active) {
       for (int64_t j = begin + lane; j < end; j += tpr) {
@@ -167,7 +162,39 @@ __global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
       }
     }
   }
-  if (c > 1) cg::this_cluster().barrier_wait();
+}
+
+// Clusters (c > 1) are persistent: the grid holds as many clusters as fit at
+// once and each loops over rows, so a finished row does not wait for the
+// scheduler to find c free slots in one GPC for the next cluster.
+template <typename T, int kN, int kIters>
+__global__ void __launch_bounds__(1024) SoftmaxKernel(const SoftmaxArgs a) {
+  __shared__ MaxSum red[2][32];
+  __shared__ MaxSum part[2];
+  const int c = a.cluster;
+  // A 1-D grid of 1-D clusters: consecutive blocks form a cluster.
+  const int rank = c > 1 ? static_cast<int>(blockIdx.x % c) : 0;
+  const int64_t first_block_row = c > 1 ? blockIdx.x / c : blockIdx.x;
+  const int64_t stride = c > 1 ? gridDim.x / c : gridDim.x;
+  const int64_t row_blocks = CeilDivDevice(a.p.rows, a.rows_per_block);
+  const int rib = threadIdx.x / a.tpr;
+  const int lane = threadIdx.x - rib * a.tpr;
+  const int64_t nv = a.p.n / kN;
+  const int64_t begin = rank * a.seg;
+  const int64_t end = min(nv, begin + a.seg);
+  if constexpr (kN > 1) {
+    const int64_t row = first_block_row * a.rows_per_block + rib;
+    if (blockIdx.x < a.prefetch_blocks && row < a.p.rows && lane == 0 && end > begin) {
+      PrefetchL2(static_cast<const T*>(a.p.x) + row * a.p.n + begin * kN,
+                 (end - begin) * kN * static_cast<int64_t>(sizeof(T)));
+    }
+  }
+  PdlEnter();
+  int buf = 0;
+  for (int64_t block_row = first_block_row; block_row < row_blocks; block_row += stride, buf ^= 1) {
+    SoftmaxRow<T, kN, kIters>(a, block_row * a.rows_per_block + rib, lane, begin, end, red[buf], &part[buf]);
+  }
+  if (c > 1) cg::this_cluster().sync();
 }
 
 int BucketFor(int64_t seg, int tpr, bool scalar) {
@@ -177,7 +204,7 @@ int BucketFor(int64_t seg, int tpr, bool scalar) {
 
 bool Fits(const SoftmaxConfig& c, int64_t rows, int64_t nv) {
   if (!IsPow2(c.threads_per_row) || c.threads_per_row > 1024) return false;
-  if (!IsPow2(c.cluster) || c.cluster > kMaxCluster) return false;
+  if (!IsPow2(c.cluster) || c.cluster > kMaxClusterLarge) return false;
   if (c.rows_per_block < 1 || c.rows_per_block > 1024) return false;
   if (c.cluster > 1 && c.rows_per_block != 1) return false;
   const int64_t block = static_cast<int64_t>(c.threads_per_row) * c.rows_per_block;
@@ -230,26 +257,87 @@ int64_t VectorsPerRow(DType dtype, int64_t n, bool* scalar) {
   return *scalar ? n : n / vec;
 }
 
+// Clusters of `cluster` blocks of `block` threads this GPU holds at once
+// (asked once per kernel, block and cluster size; sizes above 8 need the
+// non-portable attribute). 0: not schedulable; -1: unknown (query failed).
 template <typename T, int kN, int kIters>
-CudaStatus LaunchTyped(const SoftmaxArgs& a, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>(CeilDiv(a.p.rows, a.rows_per_block) * a.cluster);
+int ActiveClusters(unsigned block, int cluster) {
+  static std::atomic<int> cache[11][5];  // [log2 block][log2 cluster]: 0 unknown, else value + 2
+  int lb = 0, lc = 0;
+  while ((1u << lb) < block && lb < 10) ++lb;
+  while ((1 << lc) < cluster && lc < 4) ++lc;
+  int v = cache[lb][lc].load(std::memory_order_relaxed);
+  if (v == 0) {
+    auto kernel = SoftmaxKernel<T, kN, kIters>;
+    int clusters = 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+    cfg.blockDim = dim3(block);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim = {static_cast<unsigned>(cluster), 1, 1};
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    bool ok = true;
+    if (cluster > kMaxCluster)
+      ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    ok = ok && cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess;
+    if (!ok) {
+      cudaGetLastError();
+      clusters = cluster > kMaxCluster ? 0 : -1;
+    }
+    v = clusters + 2;
+    cache[lb][lc].store(v, std::memory_order_relaxed);
+  }
+  return v - 2;
+}
+
+// *unschedulable: a cluster size this GPU cannot run (nothing launched).
+template <typename T, int kN, int kIters>
+CudaStatus LaunchTyped(SoftmaxArgs a, cudaStream_t stream, bool* unschedulable) {
   const unsigned block = static_cast<unsigned>(a.tpr * a.rows_per_block);
+  int64_t groups = CeilDiv(a.p.rows, a.rows_per_block);  // clusters (or blocks) in the grid
+  if (a.cluster > 1) {
+    const int active = ActiveClusters<T, kN, kIters>(block, a.cluster);
+    if (active == 0) {
+      *unschedulable = true;
+      return CudaStatus::Ok();
+    }
+    if (active > 0) groups = std::min<int64_t>(groups, active);
+  }
+  const unsigned grid = static_cast<unsigned>(groups * a.cluster);
+  a.prefetch_blocks = PrefetchBlocks(static_cast<int>(block));
   return LaunchKernel(SoftmaxKernel<T, kN, kIters>, dim3(grid), dim3(block), 0, stream, a.cluster, a);
 }
 
 template <typename T, int kN>
-CudaStatus LaunchBucket(const SoftmaxArgs& a, int bucket, cudaStream_t stream) {
+CudaStatus LaunchBucket(const SoftmaxArgs& a, int bucket, cudaStream_t stream, bool* unschedulable) {
   if constexpr (kN == 1) {
-    return bucket == 0 ? LaunchTyped<T, kN, 0>(a, stream) : LaunchTyped<T, kN, 8>(a, stream);
+    return bucket == 0 ? LaunchTyped<T, kN, 0>(a, stream, unschedulable)
+                       : LaunchTyped<T, kN, 8>(a, stream, unschedulable);
   } else {
     switch (bucket) {
-      case 1: return LaunchTyped<T, kN, 1>(a, stream);
-      case 2: return LaunchTyped<T, kN, 2>(a, stream);
-      case 4: return LaunchTyped<T, kN, 4>(a, stream);
-      case 8: return LaunchTyped<T, kN, 8>(a, stream);
-      default: return LaunchTyped<T, kN, 0>(a, stream);
+      case 1: return LaunchTyped<T, kN, 1>(a, stream, unschedulable);
+      case 2: return LaunchTyped<T, kN, 2>(a, stream, unschedulable);
+      case 4: return LaunchTyped<T, kN, 4>(a, stream, unschedulable);
+      case 8: return LaunchTyped<T, kN, 8>(a, stream, unschedulable);
+      default: return LaunchTyped<T, kN, 0>(a, stream, unschedulable);
     }
   }
+}
+
+CudaStatus LaunchWith(const SoftmaxParams& p, const SoftmaxConfig& c, int64_t nv, bool scalar, cudaStream_t stream,
+                      bool* unschedulable) {
+  const int64_t seg = CeilDiv(nv, c.cluster);
+  const SoftmaxArgs a{p, c.threads_per_row, c.rows_per_block, c.cluster, seg, 0};
+  const int bucket = BucketFor(seg, c.threads_per_row, scalar);
+  CudaStatus status = CudaStatus::Error("LaunchSoftmax: unsupported dtype");
+  DispatchFloatType(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    status = scalar ? LaunchBucket<T, 1>(a, bucket, stream, unschedulable)
+                    : LaunchBucket<T, kVec16<T>>(a, bucket, stream, unschedulable);
+  });
+  return status;
 }
 
 }  // namespace
@@ -294,10 +382,11 @@ std::vector<SoftmaxConfig> SoftmaxCandidates(DType dtype, int64_t rows, int64_t 
   // loads: at N = 32000, 8 vectors x 512 threads ran at 100% of copy, 4 x
   // 1024 at 75%); few rows: every cluster size, for parallelism.
   const bool many = rows >= 1024;
-  for (int c = min_c; c <= kMaxCluster; c *= 2) {
+  for (int c = min_c; c <= kMaxClusterLarge; c *= 2) {
     const int64_t seg = CeilDiv(nv, c);
     if (c > 1 && seg < 64) break;
-    if (many && c > 1 && c > 2 * min_c && seg < 1024) break;
+    if (c > kMaxCluster && seg < 512) break;  // 16-block clusters: very long rows only
+    if (many && c > 1 && c > 2 * min_c && seg < 512) break;
     for (int tpr = 1; tpr <= 1024; tpr *= 2) {
       if (tpr > Pow2Ceil(seg)) break;
       const int64_t iters = CeilDiv(seg, tpr);
@@ -323,14 +412,9 @@ CudaStatus LaunchSoftmax(const SoftmaxParams& p, const SoftmaxConfig& config, cu
   const int64_t nv = scalar ? p.n : p.n / vec;
   SoftmaxConfig c = config;
   if (!Fits(c, p.rows, nv)) c = DefaultFor(p.rows, nv, scalar);
-  const int64_t seg = CeilDiv(nv, c.cluster);
-  SoftmaxArgs a{p, c.threads_per_row, c.rows_per_block, c.cluster, seg};
-  const int bucket = BucketFor(seg, c.threads_per_row, scalar);
-  CudaStatus status = CudaStatus::Error("LaunchSoftmax: unsupported dtype");
-  DispatchFloatType(p.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    status = scalar ? LaunchBucket<T, 1>(a, bucket, stream) : LaunchBucket<T, kVec16<T>>(a, bucket, stream);
-  });
+  bool unschedulable = false;
+  CudaStatus status = LaunchWith(p, c, nv, scalar, stream, &unschedulable);
+  if (unschedulable) status = LaunchWith(p, DefaultFor(p.rows, nv, scalar), nv, scalar, stream, &unschedulable);
   return status;
 }
 

@@ -3,14 +3,16 @@
 //     rows of one (sequence, q head); with one m-tile per warp Q stays in
 //     registers as mma A fragments, with two it is re-read from shared memory
 //     and each K/V fragment feeds two MMAs (half the ldmatrix traffic per
-//     MMA, the FlashAttention-2 layout). It streams 64-key K/V tiles (double-buffered
-//     cp.async into XOR-swizzled shared memory, ldmatrix out of it), computes
+//     MMA, the FlashAttention-2 layout). It streams 64-key K/V tiles
+//     (double-buffered cp.async into XOR-swizzled shared memory, ldmatrix
+//     out of it at precomputed per-lane addresses), computes
 //     S = Q K^T with mma.sync m16n8k16 (fp32 accumulators), applies the causal
 //     / length mask only on tiles that need it, does the online softmax in
 //     registers (exp2 with the scale folded in), reuses the S accumulators as
 //     the A fragments of P and accumulates O += P V on tensor cores. Warps
-//     whose rows lie entirely above a causal tile skip it. Heavy (late) query
-//     blocks are launched first.
+//     whose rows lie entirely above a causal tile skip it; O is rescaled only
+//     when some row's max moved. Heavy (late) query blocks are launched first.
+//     mma.sync, not wgmma: the build targets sm_90, and wgmma needs sm_90a.
 //   SimtAttnKernel (decode, all dtypes; fp32 prefill): a CTA owns G q heads
 //     that share one kv head, for one query and one split of its keys. Lanes
 //     hold 16-byte slices of a key row (D/8 lanes per row for 16-bit types),

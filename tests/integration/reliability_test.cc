@@ -317,7 +317,7 @@ TEST(Reliability, SigtermUnderLoadLosesNothing) {
   auto stubs = Stubs(server->address(), 4);
   constexpr int kClients = 16;
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> ok{0}, unavailable{0}, ok_across_signal{0};
+  std::atomic<int64_t> ok{0}, unavailable{0}, ok_across_signal{0}, cancelled_racing{0};
   std::atomic<int64_t> signal_ns{0};  // steady clock of the SIGTERM, 0 before
   std::mutex mu;
   std::vector<std::string> problems;
@@ -342,19 +342,28 @@ TEST(Reliability, SigtermUnderLoadLosesNothing) {
           }
           continue;
         }
-        if (st.error_code() == grpc::StatusCode::UNAVAILABLE && sig != 0) {
+        const int64_t end = Clock::now().time_since_epoch().count();
+        const std::string when = " (sent " + std::to_string(sig == 0 ? 0 : (start - sig) / 1000000) +
+                                 " ms after SIGTERM, answered " + std::to_string(sig == 0 ? 0 : (end - sig) / 1000000) +
+                                 " ms after)";
+        // A request sent 200+ ms before the signal was admitted: only OK will do.
+        const bool racing = sig != 0 && start >= sig - 200'000'000;
+        if (racing && st.error_code() == grpc::StatusCode::UNAVAILABLE) {
           ++unavailable;
           ++unavailable_in_a_row;
-          // Sent well before the signal, it was admitted and must not be lost.
-          if (start < sig - 200'000'000) {
-            std::lock_guard<std::mutex> lock(mu);
-            problems.push_back("request sent 200+ ms before SIGTERM got UNAVAILABLE: " + st.error_message());
-          }
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
           continue;
         }
+        // gRPC core answers CANCELLED (not UNAVAILABLE) to calls that reached
+        // the server but no handler yet when Shutdown starts (grpc/grpc#41785);
+        // they were never admitted, so nothing is lost. Only around the signal.
+        if (racing && st.error_code() == grpc::StatusCode::CANCELLED && start < sig + 100'000'000 &&
+            end < sig + 1'000'000'000) {
+          ++cancelled_racing;
+          continue;
+        }
         std::lock_guard<std::mutex> lock(mu);
-        problems.push_back("got " + GrpcCodeName(st.error_code()) + ": " + st.error_message());
+        problems.push_back("got " + GrpcCodeName(st.error_code()) + ": " + st.error_message() + when);
       }
     });
   }
@@ -369,10 +378,12 @@ TEST(Reliability, SigtermUnderLoadLosesNothing) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   stop = true;
   for (std::thread& t : clients) t.join();
-  std::printf("drain: %lld OK before SIGTERM, %lld in flight across it completed OK, %lld UNAVAILABLE after; "
-              "exit %d after %.2f s\n",
+  std::printf("drain: %lld OK before SIGTERM, %lld in flight across it completed OK, %lld UNAVAILABLE after, "
+              "%lld CANCELLED by gRPC while racing the shutdown; exit %d after %.2f s\n",
               static_cast<long long>(ok_before), static_cast<long long>(ok_across_signal.load()),
-              static_cast<long long>(unavailable.load()), code, exit_after);
+              static_cast<long long>(unavailable.load()), static_cast<long long>(cancelled_racing.load()), code,
+              exit_after);
+  if (std::getenv("FUSEDSERVE_TEST_VERBOSE") != nullptr) std::printf("%s", server->Log().c_str());
   for (const std::string& p : problems) ADD_FAILURE() << p;
   EXPECT_EQ(code, 0) << server->Log();
   EXPECT_LT(exit_after, kGrace);

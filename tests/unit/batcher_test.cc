@@ -45,7 +45,7 @@ std::vector<OpRequest> MakeParts(const MergeCase& c, DType dt, uint64_t seed) {
   for (const auto& key : c.keys) parts.push_back(MakeRandomRequest(c.op, dt, key, seed++));
   const OpRequest& first = parts.front();
   for (OpRequest& p : parts) {
-    for (const std::string& w : {"weight", "bias", "gate_up", "down"}) {
+    for (const char* w : {"weight", "bias", "gate_up", "down"}) {
       if (first.has(w)) p.inputs[w] = first.in(w);
     }
   }

@@ -28,6 +28,7 @@
 #include "server/model_rpc.h"
 #include "server/scheduler.h"
 #include "server/service.h"
+#include "server/tls.h"
 #include "warmup/warmup.h"
 #ifdef FUSEDSERVE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -61,6 +62,23 @@ ABSL_FLAG(int, max_message_bytes, 512 << 20, "Largest gRPC message accepted or s
 ABSL_FLAG(int64_t, max_tensor_elements, int64_t{1} << 28, "Largest tensor accepted, elements");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for the gRPC port; with --tls_key enables TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a certificate signed by it (mutual TLS)");
+// Generation engine (TransformerBlock, Generate); see server/engine.h.
+ABSL_FLAG(int64_t, kv_cache_blocks, 0, "KV cache blocks; 0 = as many as --kv_cache_bytes holds");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{64} << 20, "KV cache memory when --kv_cache_blocks=0, bytes");
+ABSL_FLAG(double, kv_cache_gpu_fraction, 0.85,
+          "CUDA model runner with --kv_cache_blocks=0: share of free GPU memory (after weights and step "
+          "buffers) given to the KV cache");
+ABSL_FLAG(int64_t, kv_block_size, 16, "Positions per KV cache block");
+ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most");
+ABSL_FLAG(int, max_waiting, 256, "Generate requests queued before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_batched_tokens, 8192, "Tokens (prefill + decode) per engine step at most");
+ABSL_FLAG(int, max_new_tokens_limit, 4096, "Cap on a Generate request's max_new_tokens");
+ABSL_FLAG(int64_t, max_seq_len, 0, "Longest sequence (prompt + generated); 0 = the model's, capped at 8192");
+ABSL_FLAG(int, model_threads, 0, "Threads of the CPU model runner's GEMMs; 0 = CPU cores");
 ABSL_FLAG(bool, batching, true,
           "Merge compatible FusedOp requests into one launch (dynamic batcher); false runs each request alone");
 ABSL_FLAG(int64_t, batch_max_rows, 2048, "Batcher: rows (tokens) per merged launch");
@@ -75,19 +93,6 @@ ABSL_FLAG(std::string, batch_preferred_rows, "",
 ABSL_FLAG(std::string, batch_overrides, "",
           "Batcher: per-op settings, e.g. rms_norm:max_rows=8192:delay_us=100,linear:preferred=64/128:max_queue=256 "
           "(keys: max_rows, delay_us, idle_us, max_queue, preferred)");
-// Generation engine (TransformerBlock, Generate); see server/engine.h.
-ABSL_FLAG(int64_t, kv_cache_blocks, 0, "KV cache blocks; 0 = as many as --kv_cache_bytes holds");
-ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{64} << 20, "KV cache memory when --kv_cache_blocks=0, bytes");
-ABSL_FLAG(double, kv_cache_gpu_fraction, 0.85,
-          "CUDA model runner with --kv_cache_blocks=0: share of free GPU memory (after weights and step "
-          "buffers) given to the KV cache");
-ABSL_FLAG(int64_t, kv_block_size, 16, "Positions per KV cache block");
-ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most");
-ABSL_FLAG(int, max_waiting, 256, "Generate requests queued before RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_batched_tokens, 8192, "Tokens (prefill + decode) per engine step at most");
-ABSL_FLAG(int, max_new_tokens_limit, 4096, "Cap on a Generate request's max_new_tokens");
-ABSL_FLAG(int64_t, max_seq_len, 0, "Longest sequence (prompt + generated); 0 = the model's, capped at 8192");
-ABSL_FLAG(int, model_threads, 0, "Threads of the CPU model runner's GEMMs; 0 = CPU cores");
 
 namespace fusedserve {
 namespace {
@@ -198,7 +203,9 @@ int Run(const std::string& mode) {
     return 0;
   }
 
-  Metrics metrics;
+  // Never destroyed: the process leaves through _Exit once drained, and
+  // civetweb's stop alone would take ~2 s.
+  Metrics& metrics = *new Metrics;
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty()) {
     if (absl::Status s = metrics.Serve(metrics_listen); !s.ok()) {
@@ -285,7 +292,13 @@ int Run(const std::string& mode) {
   grpc::ServerBuilder builder;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   int bound_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(
+      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_client_ca)});
+  if (!credentials.ok()) {
+    LogError(std::string(credentials.status().message()));
+    return 1;
+  }
+  builder.AddListeningPort(listen, *credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.RegisterService(&service);

@@ -91,7 +91,17 @@ v1::FusedOpRequest ToProto(const OpRequest& r) {
   return p;
 }
 
-std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s) {
+std::shared_ptr<grpc::Channel> ServerProcess::NewChannel(std::shared_ptr<grpc::ChannelCredentials> credentials) const {
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(-1);
+  // Test certificates name "localhost"; the target is an IP address.
+  channel_args.SetSslTargetNameOverride("localhost");
+  return grpc::CreateCustomChannel(address(), credentials ? credentials : grpc::InsecureChannelCredentials(),
+                                   channel_args);
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s,
+                                                    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   const char* bin = std::getenv("FUSEDSERVE_BIN");
   if (bin == nullptr) {
     ADD_FAILURE() << "FUSEDSERVE_BIN is not set (ctest sets it)";
@@ -138,9 +148,7 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  grpc::ChannelArguments channel_args;
-  channel_args.SetMaxReceiveMessageSize(-1);
-  p->channel_ = grpc::CreateCustomChannel(p->address(), grpc::InsecureChannelCredentials(), channel_args);
+  p->channel_ = p->NewChannel(credentials);
 
   while (std::chrono::steady_clock::now() < deadline) {
     if (p->Health() == grpc::health::v1::HealthCheckResponse::SERVING) return p;

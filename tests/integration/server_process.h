@@ -29,8 +29,13 @@ class ServerProcess {
   // Starts $FUSEDSERVE_BIN serve --device=cpu on free ports with `flags`
   // appended and waits until health reports SERVING. Fails the test (returns
   // nullptr) if it does not within timeout_s.
+  // `credentials` (default: plaintext) are used for the test's own channel,
+  // e.g. TLS credentials for a server started with --tls_cert.
   static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags = {},
-                                              double timeout_s = 60);
+                                              double timeout_s = 60,
+                                              std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+  // A new channel to the server with other credentials (TLS tests).
+  std::shared_ptr<grpc::Channel> NewChannel(std::shared_ptr<grpc::ChannelCredentials> credentials) const;
   ~ServerProcess();
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }

@@ -314,16 +314,6 @@ class Batcher : public OpScheduler {
       return absl::ResourceExhaustedError(absl::StrCat("request queue for ", op, " is full (", policy.max_queue,
                                                        " queued); retry later"));
     }
-    const int64_t rows = shape ? shape->rows : 1;
-    if (options_.inline_when_idle && queued_ == 0 && running_ < options_.parallel_launches) {
-      ++running_;  // claimed like a worker's launch; Launch releases it
-      mu_.Unlock();
-      std::vector<Pending> batch;
-      batch.push_back(Pending{std::move(task), rows});
-      Launch(std::move(batch));
-      mu_.Lock();
-      return absl::OkStatus();
-    }
     const std::string key = shape ? shape->key : absl::StrCat("\x01solo", next_solo_++);
     KeyQueue& kq = queues_[key];
     if (kq.q.empty()) {
@@ -331,6 +321,7 @@ class Batcher : public OpScheduler {
       kq.policy = &policy;
     }
     kq.last_arrival = absl::Now();
+    const int64_t rows = shape ? shape->rows : 1;
     kq.rows += rows;
     kq.q.push_back(Pending{std::move(task), rows});
     ++queued_;

@@ -59,12 +59,6 @@ struct BatcherOptions {
   // Launches the backend runs at once usefully: 1 for CUDA (one stream,
   // one launch at a time), the worker count for the CPU reference.
   int parallel_launches = 1;
-  // When nothing is queued and the backend has spare capacity, run the
-  // request on the submitting (gRPC) thread instead of waking a worker: one
-  // thread hand-off less on the latency of a lone request. Worth it where ops
-  // are short (CUDA); off for the CPU reference, whose long ops would hold
-  // gRPC's threads.
-  bool inline_when_idle = false;
   int max_queue = 1024;      // queued requests (all ops) before RESOURCE_EXHAUSTED
   BatchPolicy defaults;
   std::map<std::string, BatchPolicy> per_op;  // overrides, by op name

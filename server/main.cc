@@ -131,7 +131,6 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> MakeScheduler(Backend* backend, Met
   o.max_queue = direct.max_queue;
   o.parallel_launches = absl::GetFlag(FLAGS_batch_parallel_launches);
   if (o.parallel_launches <= 0) o.parallel_launches = backend->name() == "cuda" ? 1 : direct.threads;
-  o.inline_when_idle = backend->name() == "cuda";
   o.defaults.max_rows = absl::GetFlag(FLAGS_batch_max_rows);
   o.defaults.max_delay_us = absl::GetFlag(FLAGS_batch_max_delay_us);
   o.defaults.idle_us = absl::GetFlag(FLAGS_batch_idle_us);

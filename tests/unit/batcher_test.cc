@@ -511,15 +511,12 @@ TEST_F(BatcherTest, ShutdownRunsWhatIsQueuedThenRefuses) {
   EXPECT_EQ(Submit(*s, r, &after).code(), absl::StatusCode::kUnavailable);
 }
 
-// Many threads, many shapes and ops at once: every answer is the caller's own
-// (with lone requests queued for a worker, or run on the submitting thread).
-void StressConcurrentCallers(bool inline_when_idle) {
+// Many threads, many shapes and ops at once: every answer is the caller's own.
+TEST(BatcherStress, ConcurrentCallersGetTheirOwnRows) {
   Metrics metrics;
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   BatcherOptions o;
   o.threads = 2;
-  o.parallel_launches = 1;
-  o.inline_when_idle = inline_when_idle;
   o.defaults.max_delay_us = 300;
   absl::StatusOr<std::unique_ptr<OpScheduler>> s = MakeBatcher(cpu.get(), &metrics, o);
   ASSERT_TRUE(s.ok());
@@ -568,32 +565,6 @@ void StressConcurrentCallers(bool inline_when_idle) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(bad.load(), 0);
-}
-
-TEST(BatcherStress, ConcurrentCallersGetTheirOwnRows) { StressConcurrentCallers(false); }
-TEST(BatcherStress, ConcurrentCallersGetTheirOwnRowsWithInlineRuns) { StressConcurrentCallers(true); }
-
-// An idle batcher with inline_when_idle answers a lone request on the
-// submitting thread, before Submit returns.
-TEST(BatcherInline, LoneRequestRunsOnTheCallersThread) {
-  Metrics metrics;
-  std::unique_ptr<Backend> cpu = MakeCpuBackend();
-  BatcherOptions o;
-  o.inline_when_idle = true;
-  absl::StatusOr<std::unique_ptr<OpScheduler>> s = MakeBatcher(cpu.get(), &metrics, o);
-  ASSERT_TRUE(s.ok());
-  OpTask task;
-  task.request = MakeRandomRequest("rms_norm", DType::kF32, {2, 16}, 3);
-  task.enqueued = absl::Now();
-  std::thread::id ran_on;
-  bool ok = false;
-  task.done = [&](absl::StatusOr<TensorMap> v) {
-    ran_on = std::this_thread::get_id();
-    ok = v.ok();
-  };
-  ASSERT_TRUE((*s)->Submit(std::move(task)).ok());
-  EXPECT_TRUE(ok);
-  EXPECT_EQ(ran_on, std::this_thread::get_id());
 }
 
 }  // namespace

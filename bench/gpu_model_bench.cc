@@ -101,7 +101,8 @@ int Main() {
     const double med = ms[ms.size() / 2];
     // Bytes read per step: weights + K/V of B sequences x ctx x layers.
     const double kv_bytes = static_cast<double>(B) * ctx * c.layers * c.kv_dim() * 2 * 2;
-    const double floor_ms = (weight_bytes + kv_bytes) / (bw / 2) * 1e3;  // a copy moves bw/2 bytes read per s
+    // As in PEERS.md: the bytes a step must read, at the measured copy bandwidth (read + written bytes per s).
+    const double floor_ms = (weight_bytes + kv_bytes) / bw * 1e3;
     std::printf("%4ld %6ld %12.3f %12.3f %9.1f%% %12.0f\n", static_cast<long>(B), static_cast<long>(ctx), med,
                 floor_ms, 100.0 * floor_ms / med, B / (med * 1e-3));
   }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Generation on a GPU host from a bundle (bundle-libs.sh of fusedserve,
+# fusedserve_loadgen, gpu_model_bench): decode-step times of the CUDA model
+# runner, then Generate through gRPC with the llama-3.2-1b preset (random
+# bf16 weights) at concurrency 1, 16 and 64. Usage: run_generate_gpu.sh BUNDLE
+b=$1
+"$b/env.sh" "$b/bin/gpu_model_bench"
+"$b/env.sh" "$b/bin/fusedserve" --listen=127.0.0.1:50151 --metrics_listen=127.0.0.1:9191 --tuning_cache= \
+    --tune_at_startup=false --model_preset=llama-3.2-1b --max_running=64 > /tmp/srv.log 2>&1 &
+srv=$!
+for i in $(seq 1 1200); do curl -s 127.0.0.1:9191/metrics | grep -q '^fusedserve_ready 1' && break; sleep 0.1; done
+grep -E "model|SERVING|kv" /tmp/srv.log | cut -c1-200
+for c in 1 16 64; do
+  "$b/env.sh" "$b/bin/fusedserve_loadgen" --target=127.0.0.1:50151 --metrics=127.0.0.1:9191 --rpc=generate \
+      --prompt_len=128 --max_new_tokens=128 --concurrency=$c --duration_s=8 --warmup_s=2 --label="generate c=$c"
+done
+curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(generated_tokens_total|time_per_output_token_seconds_(sum|count)|time_to_first_token_seconds_(sum|count))"
+kill -TERM $srv; wait $srv; echo "server exit $?"

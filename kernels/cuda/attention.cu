@@ -28,38 +28,16 @@
 #include <cmath>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/common.cuh"
 
 namespace fusedserve {
 namespace {
 
+using cuda::FromFloat;  // shared dtype conversions (common.cuh)
+using cuda::ToFloat;
+
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <typename T>
-__device__ __forceinline__ float ToF(T v) {
-  return static_cast<float>(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
 
 __device__ __forceinline__ float FastExp2(float x) {
   float y;
@@ -547,7 +525,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
     const uint4 raw = *reinterpret_cast<const uint4*>(src);
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) qf[g][i] = ToF(e[i]) * p.scale_log2;
+    for (int i = 0; i < kVec; ++i) qf[g][i] = ToFloat(e[i]) * p.scale_log2;
   }
   float acc[kG][kVec];
   float m[kG], l[kG];
@@ -573,7 +551,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
       const T* ke = reinterpret_cast<const T*>(&kr[u]);
       float kf[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) kf[i] = ToF(ke[i]);
+      for (int i = 0; i < kVec; ++i) kf[i] = ToFloat(ke[i]);
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
         float d = 0.0f;
@@ -610,7 +588,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
       const T* ve = reinterpret_cast<const T*>(&vraw);
       float vf[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) vf[i] = ToF(ve[i]);
+      for (int i = 0; i < kVec; ++i) vf[i] = ToFloat(ve[i]);
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
 #pragma unroll
@@ -660,7 +638,7 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
     }
     const int64_t row = static_cast<int64_t>(qi) * p.Hq + h0 + g;
     if (p.splits == 1) {
-      static_cast<T*>(p.o)[row * kHeadDim + d] = FromF<T>(sum > 0.0f ? out / sum : 0.0f);
+      static_cast<T*>(p.o)[row * kHeadDim + d] = FromFloat<T>(sum > 0.0f ? out / sum : 0.0f);
     } else {
       p.part_o[(row * p.splits + split) * kHeadDim + d] = out;
       if (d == 0) {
@@ -710,7 +688,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(
     float acc = 0.0f;
 #pragma unroll 8
     for (int s = 0; s < splits; ++s) acc = fmaf(s_w[s], po[s * D + d], acc);
-    o[row * D + d] = FromF<T>(acc * s_inv);
+    o[row * D + d] = FromFloat<T>(acc * s_inv);
   }
 }
 

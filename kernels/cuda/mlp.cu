@@ -13,36 +13,14 @@
 
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mlp.h"
+#include "kernels/cuda/common.cuh"
 
 namespace fusedserve {
 namespace {
 
-template <typename T>
-__device__ __forceinline__ float ToF(T v) {
-  return static_cast<float>(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
+using cuda::FromFloat;  // shared dtype conversions (common.cuh)
+using cuda::ToFloat;
+
 
 // 16 bytes of T as floats and back.
 template <typename T>
@@ -51,13 +29,13 @@ struct Vec16 {
   __device__ __forceinline__ static void Load(const uint4& u, float (&f)[kN]) {
     const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
-    for (int i = 0; i < kN; ++i) f[i] = ToF(e[i]);
+    for (int i = 0; i < kN; ++i) f[i] = ToFloat(e[i]);
   }
   __device__ __forceinline__ static uint4 Store(const float (&f)[kN]) {
     uint4 u;
     T* e = reinterpret_cast<T*>(&u);
 #pragma unroll
-    for (int i = 0; i < kN; ++i) e[i] = FromF<T>(f[i]);
+    for (int i = 0; i < kN; ++i) e[i] = FromFloat<T>(f[i]);
     return u;
   }
 };
@@ -98,7 +76,7 @@ __global__ void ActivationKernel(T* __restrict__ y,  // [n]
     }
   } else {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride) {
-      y[i] = FromF<T>(Act(ToF(y[i]), act));
+      y[i] = FromFloat<T>(Act(ToFloat(y[i]), act));
     }
   }
 }
@@ -109,7 +87,7 @@ __global__ void BiasActivationKernel(const T* __restrict__ bias,  // [N] or null
                                      int64_t M, int64_t N, Activation act) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * N; i += stride) {
-    y[i] = FromF<T>(Act(bias ? ToF(bias[i % N]) : 0.0f, act));
+    y[i] = FromFloat<T>(Act(bias ? ToFloat(bias[i % N]) : 0.0f, act));
   }
 }
 
@@ -134,7 +112,7 @@ __global__ void SiluAndMulKernel(const T* __restrict__ x,  // [M,2I]
   } else {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * I; i += stride) {
       const int64_t m = i / I, j = i - m * I;
-      y[i] = FromF<T>(Silu(ToF(x[m * 2 * I + j])) * ToF(x[m * 2 * I + I + j]));
+      y[i] = FromFloat<T>(Silu(ToFloat(x[m * 2 * I + j])) * ToFloat(x[m * 2 * I + I + j]));
     }
   }
 }
@@ -226,11 +204,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
     for (int m = 0; m < kM; ++m) {
       if (lane == m && m < p.M) {
         if constexpr (kSwiglu) {
-          y[m * p.N + unit] = FromF<T>(Silu(acc[m][0]) * acc[m][1]);
+          y[m * p.N + unit] = FromFloat<T>(Silu(acc[m][0]) * acc[m][1]);
         } else {
           const T* bias = static_cast<const T*>(p.bias);
-          y[m * p.N + r0] = FromF<T>(Act(acc[m][0] + (bias ? ToF(bias[r0]) : 0.0f), p.act));
-          if (has1) y[m * p.N + r1] = FromF<T>(Act(acc[m][1] + (bias ? ToF(bias[r1]) : 0.0f), p.act));
+          y[m * p.N + r0] = FromFloat<T>(Act(acc[m][0] + (bias ? ToFloat(bias[r0]) : 0.0f), p.act));
+          if (has1) y[m * p.N + r1] = FromFloat<T>(Act(acc[m][1] + (bias ? ToFloat(bias[r1]) : 0.0f), p.act));
         }
       }
     }

@@ -174,23 +174,7 @@ ActConfig DefaultActConfig(ActKind kind, DType dtype, int64_t rows, int64_t cols
 
 std::vector<ActConfig> ActCandidates(ActKind kind, DType dtype, int64_t rows, int64_t cols) {
   const int64_t total = TotalVectors(kind, dtype, rows, cols, !VectorOk(kind, dtype, rows, cols));
-  std::vector<ActConfig> out = {DefaultFor(total)};
-  auto add = [&](ActConfig c) {
-    if (!Fits(c, total)) return;
-    for (const ActConfig& o : out) {
-      if (o.threads == c.threads && o.unroll == c.unroll) return;
-    }
-    out.push_back(c);
-  };
-  if (total < 132 * 1024) {
-    for (int t : {64, 128, 256, 512}) add({t, 1});
-    add({128, 2});
-  } else {
-    for (int u : {1, 2, 4}) {
-      for (int t : {128, 256, 512, 1024}) add({t, u});
-    }
-  }
-  return out;
+  return ThreadUnrollCandidates(DefaultFor(total), total, [&](const ActConfig& c) { return Fits(c, total); });
 }
 
 CudaStatus LaunchActivation(const ActParams& p, const ActConfig& config, cudaStream_t stream) {

@@ -350,4 +350,28 @@ inline bool ParseConfigInts(const std::string& s, const char* keys, std::vector<
   return true;
 }
 
+// Candidate {threads, unroll} configs of a flat elementwise kernel over
+// `total` work units: `def` first, then the distinct ones `fits` accepts.
+// Small problems try block sizes only; large ones also more loads per thread.
+template <typename Config, typename Fits>
+std::vector<Config> ThreadUnrollCandidates(const Config& def, int64_t total, Fits fits) {
+  std::vector<Config> out = {def};
+  auto add = [&](Config c) {
+    if (!fits(c)) return;
+    for (const Config& o : out) {
+      if (o.threads == c.threads && o.unroll == c.unroll) return;
+    }
+    out.push_back(c);
+  };
+  if (total < 132 * 1024) {
+    for (int t : {64, 128, 256, 512}) add({t, 1});
+    add({128, 2});
+  } else {
+    for (int u : {1, 2, 4}) {
+      for (int t : {128, 256, 512, 1024}) add({t, u});
+    }
+  }
+  return out;
+}
+
 }  // namespace fusedserve::cuda

@@ -173,23 +173,7 @@ RopeConfig DefaultRopeConfig(DType dtype, int64_t tokens, int64_t heads_q, int64
 std::vector<RopeConfig> RopeCandidates(DType dtype, int64_t tokens, int64_t heads_q, int64_t heads_kv,
                                        int64_t head_dim) {
   const int64_t total = TotalUnits(dtype, tokens, heads_q, heads_kv, head_dim);
-  std::vector<RopeConfig> out = {DefaultFor(total)};
-  auto add = [&](RopeConfig c) {
-    if (!Fits(c, total)) return;
-    for (const RopeConfig& o : out) {
-      if (o.threads == c.threads && o.unroll == c.unroll) return;
-    }
-    out.push_back(c);
-  };
-  if (total < 132 * 1024) {
-    for (int t : {64, 128, 256, 512}) add({t, 1});
-    add({128, 2});
-  } else {
-    for (int u : {1, 2, 4}) {
-      for (int t : {128, 256, 512, 1024}) add({t, u});
-    }
-  }
-  return out;
+  return ThreadUnrollCandidates(DefaultFor(total), total, [&](const RopeConfig& c) { return Fits(c, total); });
 }
 
 CudaStatus LaunchRope(const RopeParams& p, const RopeConfig& config, cudaStream_t stream) {

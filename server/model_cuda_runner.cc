@@ -48,12 +48,6 @@ absl::Status Cuda(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
-#define FS_RETURN_IF_ERROR(expr)           \
-  do {                                     \
-    if (absl::Status _s = (expr); !_s.ok()) \
-      return _s;                           \
-  } while (0)
-
 // Device memory, freed on destruction.
 class DeviceBuffer {
  public:
@@ -155,39 +149,49 @@ class CudaModelRunner final : public ModelRunner {
   }
 
   absl::Status Init(const ModelWeights& w) {
-    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
     int sms = 0;
-    FS_RETURN_IF_ERROR(Cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o_.device), "sm count"));
+    if (absl::Status status = Cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o_.device), "sm count");
+        !status.ok())
+      return status;
     sm_count_ = sms;
-    FS_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    if (absl::Status status = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+        !status.ok())
+      return status;
     dt_ = c_.dtype;
     if (!IsFloat(dt_)) return absl::InvalidArgumentError("model dtype must be a float type");
     es_ = DTypeSize(dt_);
     if (!cuda::PagedAttentionSupported(static_cast<int>(c_.q_heads), static_cast<int>(c_.kv_heads),
                                        static_cast<int>(c_.head_dim))) {
-      return absl::InvalidArgumentError(absl::StrCat("the CUDA model runner supports head dims 16/32/64/128 and at most 8 "
-                                                     "query heads per kv head (model: head dim ",
-                                                     c_.head_dim, ", ", c_.q_heads, "/", c_.kv_heads, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the CUDA model runner supports head dims 16/32/64/128 and at most 8 "
+                       "query heads per kv head (model: head dim ",
+                       c_.head_dim, ", ", c_.q_heads, "/", c_.kv_heads, ")"));
     }
     flash_ok_ = AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
 
-    FS_RETURN_IF_ERROR(Upload(w, {"model.embed_tokens.weight"}, &embed_));
-    FS_RETURN_IF_ERROR(Upload(w, {"model.norm.weight"}, &final_norm_));
-    if (!c_.tied_embeddings) FS_RETURN_IF_ERROR(Upload(w, {"lm_head.weight"}, &lm_head_own_));
+    if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
+    if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
+    if (!c_.tied_embeddings)
+      if (absl::Status status = Upload(w, {"lm_head.weight"}, &lm_head_own_); !status.ok()) return status;
     lm_head_ = c_.tied_embeddings ? embed_.get() : lm_head_own_.get();
     layers_ = std::vector<Layer>(c_.layers);
     for (int64_t i = 0; i < c_.layers; ++i) {
       const std::string p = absl::StrCat("model.layers.", i, ".");
       Layer& L = layers_[i];
-      FS_RETURN_IF_ERROR(Upload(w, {p + "input_layernorm.weight"}, &L.attn_norm));
-      FS_RETURN_IF_ERROR(Upload(w, {p + "post_attention_layernorm.weight"}, &L.mlp_norm));
-      FS_RETURN_IF_ERROR(Upload(w,
-                                {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                                 p + "self_attn.v_proj.weight"},
-                                &L.wqkv));
-      FS_RETURN_IF_ERROR(Upload(w, {p + "self_attn.o_proj.weight"}, &L.wo));
-      FS_RETURN_IF_ERROR(Upload(w, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.gate_up));
-      FS_RETURN_IF_ERROR(Upload(w, {p + "mlp.down_proj.weight"}, &L.down));
+      if (absl::Status status = Upload(w, {p + "input_layernorm.weight"}, &L.attn_norm); !status.ok()) return status;
+      if (absl::Status status = Upload(w, {p + "post_attention_layernorm.weight"}, &L.mlp_norm); !status.ok())
+        return status;
+      if (absl::Status status =
+              Upload(w, {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
+                     &L.wqkv);
+          !status.ok())
+        return status;
+      if (absl::Status status = Upload(w, {p + "self_attn.o_proj.weight"}, &L.wo); !status.ok()) return status;
+      if (absl::Status status = Upload(w, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.gate_up);
+          !status.ok())
+        return status;
+      if (absl::Status status = Upload(w, {p + "mlp.down_proj.weight"}, &L.down); !status.ok()) return status;
     }
 
     // cos/sin of pos * inv_freq (Llama-3.1 scaling included), fp64 on the host.
@@ -202,9 +206,12 @@ class CudaModelRunner final : public ModelRunner {
         cs[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(a));
       }
     }
-    FS_RETURN_IF_ERROR(cos_sin_.Allocate(cs.size() * sizeof(float), "rope table"));
-    FS_RETURN_IF_ERROR(Cuda(cudaMemcpy(cos_sin_.get(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice),
-                            "rope table upload"));
+    if (absl::Status status = cos_sin_.Allocate(cs.size() * sizeof(float), "rope table"); !status.ok()) return status;
+    if (absl::Status status =
+            Cuda(cudaMemcpy(cos_sin_.get(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice),
+                 "rope table upload");
+        !status.ok())
+      return status;
     return Reserve(std::max<int64_t>(1, o_.max_tokens), std::max<int64_t>(1, o_.max_seqs));
   }
 
@@ -217,28 +224,31 @@ class CudaModelRunner final : public ModelRunner {
 
   absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) override {
     if (num_blocks <= 0 || block_size <= 0) return absl::InvalidArgumentError("KV cache needs blocks > 0");
-    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
     DropGraphs();
     num_blocks_ = num_blocks;
     block_size_ = block_size;
     // One spare block (index num_blocks) takes the K/V of graph padding rows.
     layer_slots_ = (num_blocks + 1) * block_size;
     const size_t bytes = static_cast<size_t>(c_.layers * layer_slots_ * c_.kv_dim()) * es_;
-    FS_RETURN_IF_ERROR(k_cache_.Allocate(bytes, "K cache"));
-    FS_RETURN_IF_ERROR(v_cache_.Allocate(bytes, "V cache"));
-    FS_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(k_cache_.get(), 0, bytes, stream_), "K cache clear"));
-    FS_RETURN_IF_ERROR(Cuda(cudaMemsetAsync(v_cache_.get(), 0, bytes, stream_), "V cache clear"));
+    if (absl::Status status = k_cache_.Allocate(bytes, "K cache"); !status.ok()) return status;
+    if (absl::Status status = v_cache_.Allocate(bytes, "V cache"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaMemsetAsync(k_cache_.get(), 0, bytes, stream_), "K cache clear"); !status.ok())
+      return status;
+    if (absl::Status status = Cuda(cudaMemsetAsync(v_cache_.get(), 0, bytes, stream_), "V cache clear"); !status.ok())
+      return status;
     const int64_t max_ctx = std::min<int64_t>(table_rows_, num_blocks * block_size);
     bt_stride_ = std::max<int64_t>(1, (max_ctx + block_size - 1) / block_size);
-    FS_RETURN_IF_ERROR(Reserve(cap_tokens_, cap_seqs_));
-    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "KV cache init"));
-    if (o_.cuda_graphs) FS_RETURN_IF_ERROR(CaptureGraphs());
+    if (absl::Status status = Reserve(cap_tokens_, cap_seqs_); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "KV cache init"); !status.ok()) return status;
+    if (o_.cuda_graphs)
+      if (absl::Status status = CaptureGraphs(); !status.ok()) return status;
     return absl::OkStatus();
   }
 
   absl::Status Forward(const std::vector<SeqForward>& batch, std::vector<float>* logits) override {
     if (k_cache_.get() == nullptr) return absl::FailedPreconditionError("KV cache not initialised");
-    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
     const int64_t B = static_cast<int64_t>(batch.size());
     if (B == 0) {
       logits->clear();
@@ -257,7 +267,7 @@ class CudaModelRunner final : public ModelRunner {
       all_decode = all_decode && s.num_tokens == 1;
     }
     // Growing the buffers drops the graphs, so look one up only after.
-    FS_RETURN_IF_ERROR(Reserve(T, B));
+    if (absl::Status status = Reserve(T, B); !status.ok()) return status;
     const Graph* graph = nullptr;
     int64_t bucket = B;
     if (all_decode && !graphs_.empty()) {
@@ -322,20 +332,21 @@ class CudaModelRunner final : public ModelRunner {
       bt[b * bt_stride_] = static_cast<int32_t>(num_blocks_);
     }
     const int64_t Tp = std::max(T, bucket), Bp = std::max(B, bucket), Rp = std::max(R, bucket);
-    FS_RETURN_IF_ERROR(Upload(ix_.tokens, Tp));
-    FS_RETURN_IF_ERROR(Upload(ix_.positions, Tp));
-    FS_RETURN_IF_ERROR(Upload(ix_.slots, Tp));
+    if (absl::Status status = Upload(ix_.tokens, Tp); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.positions, Tp); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.slots, Tp); !status.ok()) return status;
     if (Rp > 0) {
-      FS_RETURN_IF_ERROR(Upload(ix_.rows, Rp));
-      FS_RETURN_IF_ERROR(Upload(ix_.row_seq, Rp));
-      FS_RETURN_IF_ERROR(Upload(ix_.ctx, Rp));
+      if (absl::Status status = Upload(ix_.rows, Rp); !status.ok()) return status;
+      if (absl::Status status = Upload(ix_.row_seq, Rp); !status.ok()) return status;
+      if (absl::Status status = Upload(ix_.ctx, Rp); !status.ok()) return status;
     }
-    FS_RETURN_IF_ERROR(Upload(ix_.seq_lens, Bp));
-    FS_RETURN_IF_ERROR(Upload(ix_.last_rows, Bp));
-    FS_RETURN_IF_ERROR(Upload(ix_.block_tables, Bp * bt_stride_));
+    if (absl::Status status = Upload(ix_.seq_lens, Bp); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.last_rows, Bp); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.block_tables, Bp * bt_stride_); !status.ok()) return status;
 
     if (graph != nullptr) {
-      FS_RETURN_IF_ERROR(Cuda(cudaGraphLaunch(graph->exec, stream_), "cudaGraphLaunch"));
+      if (absl::Status status = Cuda(cudaGraphLaunch(graph->exec, stream_), "cudaGraphLaunch"); !status.ok())
+        return status;
     } else {
       Step st;
       st.T = T;
@@ -345,7 +356,7 @@ class CudaModelRunner final : public ModelRunner {
       st.max_prefill = max_prefill;
       st.splits = cuda::PagedAttentionSplits(static_cast<int>(R), static_cast<int>(c_.kv_heads),
                                              static_cast<int>(max_ctx), sm_count_);
-      FS_RETURN_IF_ERROR(EnqueueForward(st));
+      if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
     }
     return DownloadLogits(B, logits);
   }
@@ -354,7 +365,7 @@ class CudaModelRunner final : public ModelRunner {
                          float* hidden) override {
     if (first < 0 || n < 0 || first + n > c_.layers) return absl::InvalidArgumentError("layer range out of bounds");
     if (n == 0 || B * S == 0) return absl::OkStatus();
-    FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(o_.device), "cudaSetDevice"));
+    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
     const int64_t T = B * S, D = c_.hidden;
     for (int64_t i = 0; i < T; ++i) {
       if (positions[i] < 0 || positions[i] >= table_rows_) {
@@ -362,7 +373,7 @@ class CudaModelRunner final : public ModelRunner {
       }
     }
     if (S > (int64_t{1} << 30)) return absl::InvalidArgumentError("sequence too long");
-    FS_RETURN_IF_ERROR(Reserve(T, B));
+    if (absl::Status status = Reserve(T, B); !status.ok()) return status;
     // The graphs read the step buffers at fixed addresses; this path reuses
     // them and never touches the KV cache.
     int32_t* h = hidx_.as<int32_t>();
@@ -376,16 +387,18 @@ class CudaModelRunner final : public ModelRunner {
       h[ix_.seq_lens + b] = static_cast<int32_t>(S);
       h[ix_.last_rows + b] = static_cast<int32_t>(b);  // identity block table: sequence b = "block" b
     }
-    FS_RETURN_IF_ERROR(Upload(ix_.positions, T));
-    FS_RETURN_IF_ERROR(Upload(ix_.rows, T));
-    FS_RETURN_IF_ERROR(Upload(ix_.row_seq, T));
-    FS_RETURN_IF_ERROR(Upload(ix_.ctx, T));
-    FS_RETURN_IF_ERROR(Upload(ix_.seq_lens, B));
-    FS_RETURN_IF_ERROR(Upload(ix_.last_rows, B));
+    if (absl::Status status = Upload(ix_.positions, T); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.rows, T); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.row_seq, T); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.ctx, T); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.seq_lens, B); !status.ok()) return status;
+    if (absl::Status status = Upload(ix_.last_rows, B); !status.ok()) return status;
     std::vector<uint8_t> x(static_cast<size_t>(T * D) * es_);
     ConvertFromFloat(hidden, T * D, x.data());
-    FS_RETURN_IF_ERROR(
-        Cuda(cudaMemcpyAsync(x_[0].get(), x.data(), x.size(), cudaMemcpyHostToDevice, stream_), "hidden upload"));
+    if (absl::Status status =
+            Cuda(cudaMemcpyAsync(x_[0].get(), x.data(), x.size(), cudaMemcpyHostToDevice, stream_), "hidden upload");
+        !status.ok())
+      return status;
     Step st;
     st.T = T;
     st.B = B;
@@ -395,10 +408,12 @@ class CudaModelRunner final : public ModelRunner {
     st.splits = 1;
     st.block_layers = true;
     st.block_size = S;
-    FS_RETURN_IF_ERROR(EnqueueLayers(st, first, first + n));
-    FS_RETURN_IF_ERROR(
-        Cuda(cudaMemcpyAsync(x.data(), x_[0].get(), x.size(), cudaMemcpyDeviceToHost, stream_), "hidden download"));
-    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "TransformerBlock"));
+    if (absl::Status status = EnqueueLayers(st, first, first + n); !status.ok()) return status;
+    if (absl::Status status =
+            Cuda(cudaMemcpyAsync(x.data(), x_[0].get(), x.size(), cudaMemcpyDeviceToHost, stream_), "hidden download");
+        !status.ok())
+      return status;
+    if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "TransformerBlock"); !status.ok()) return status;
     ConvertToFloat(x.data(), T * D, hidden);
     return absl::OkStatus();
   }
@@ -461,7 +476,7 @@ class CudaModelRunner final : public ModelRunner {
         ConvertFromFloat(f.data(), static_cast<int64_t>(f.size()), bytes.data() + at);
       }
     }
-    FS_RETURN_IF_ERROR(out->Allocate(bytes.size(), names[0].c_str()));
+    if (absl::Status status = out->Allocate(bytes.size(), names[0].c_str()); !status.ok()) return status;
     return Cuda(cudaMemcpy(out->get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "weight upload");
   }
 
@@ -472,33 +487,35 @@ class CudaModelRunner final : public ModelRunner {
     const bool grow_idx = grow_rows || seqs > cap_seqs_ || bt > ix_.bt_entries;
     if (!grow_rows && !grow_idx) return absl::OkStatus();
     if (cap_tokens_ > 0) DropGraphs();  // they captured the old addresses
-    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "sync before growing buffers"));
+    if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "sync before growing buffers"); !status.ok())
+      return status;
     const int64_t T = std::max(tokens, cap_tokens_), Sq = std::max(seqs, cap_seqs_);
     if (grow_rows || seqs > cap_seqs_) {
       const int64_t D = c_.hidden, qkvd = c_.q_dim() + 2 * c_.kv_dim(), I = c_.intermediate;
-      FS_RETURN_IF_ERROR(x_[0].Allocate(T * D * es_, "residual"));
-      FS_RETURN_IF_ERROR(x_[1].Allocate(T * D * es_, "residual"));
-      FS_RETURN_IF_ERROR(h_.Allocate(T * D * es_, "normed"));
-      FS_RETURN_IF_ERROR(tmp_.Allocate(T * D * es_, "tmp"));
-      FS_RETURN_IF_ERROR(qkv_.Allocate(T * qkvd * es_, "qkv"));
-      FS_RETURN_IF_ERROR(q_.Allocate(T * c_.q_dim() * es_, "q"));
-      FS_RETURN_IF_ERROR(k_.Allocate(T * c_.kv_dim() * es_, "k"));
-      FS_RETURN_IF_ERROR(v_.Allocate(T * c_.kv_dim() * es_, "v"));
-      FS_RETURN_IF_ERROR(ao_.Allocate(T * c_.q_dim() * es_, "attention out"));
-      FS_RETURN_IF_ERROR(gu_.Allocate(T * 2 * I * es_, "gate_up"));
-      FS_RETURN_IF_ERROR(act_.Allocate(T * I * es_, "mlp act"));
-      FS_RETURN_IF_ERROR(last_.Allocate(Sq * D * es_, "last rows"));
-      FS_RETURN_IF_ERROR(logits_.Allocate(Sq * c_.vocab * es_, "logits"));
-      FS_RETURN_IF_ERROR(hlogits_.Allocate(Sq * c_.vocab * es_));
+      if (absl::Status status = x_[0].Allocate(T * D * es_, "residual"); !status.ok()) return status;
+      if (absl::Status status = x_[1].Allocate(T * D * es_, "residual"); !status.ok()) return status;
+      if (absl::Status status = h_.Allocate(T * D * es_, "normed"); !status.ok()) return status;
+      if (absl::Status status = tmp_.Allocate(T * D * es_, "tmp"); !status.ok()) return status;
+      if (absl::Status status = qkv_.Allocate(T * qkvd * es_, "qkv"); !status.ok()) return status;
+      if (absl::Status status = q_.Allocate(T * c_.q_dim() * es_, "q"); !status.ok()) return status;
+      if (absl::Status status = k_.Allocate(T * c_.kv_dim() * es_, "k"); !status.ok()) return status;
+      if (absl::Status status = v_.Allocate(T * c_.kv_dim() * es_, "v"); !status.ok()) return status;
+      if (absl::Status status = ao_.Allocate(T * c_.q_dim() * es_, "attention out"); !status.ok()) return status;
+      if (absl::Status status = gu_.Allocate(T * 2 * I * es_, "gate_up"); !status.ok()) return status;
+      if (absl::Status status = act_.Allocate(T * I * es_, "mlp act"); !status.ok()) return status;
+      if (absl::Status status = last_.Allocate(Sq * D * es_, "last rows"); !status.ok()) return status;
+      if (absl::Status status = logits_.Allocate(Sq * c_.vocab * es_, "logits"); !status.ok()) return status;
+      if (absl::Status status = hlogits_.Allocate(Sq * c_.vocab * es_); !status.ok()) return status;
       const size_t ws = cuda::PagedAttentionWorkspaceBytes(cuda::kPagedMaxSplitRows, static_cast<int>(c_.q_heads),
                                                            static_cast<int>(c_.head_dim), 2);
-      if (ws_.bytes() == 0) FS_RETURN_IF_ERROR(ws_.Allocate(ws / 2, "attention workspace"));
+      if (ws_.bytes() == 0)
+        if (absl::Status status = ws_.Allocate(ws / 2, "attention workspace"); !status.ok()) return status;
       cap_tokens_ = T;
       cap_seqs_ = Sq;
     }
     ix_.Layout(T, Sq, std::max(bt, ix_.bt_entries));
-    FS_RETURN_IF_ERROR(didx_.Allocate(ix_.total * sizeof(int32_t), "step indices"));
-    FS_RETURN_IF_ERROR(hidx_.Allocate(ix_.total * sizeof(int32_t)));
+    if (absl::Status status = didx_.Allocate(ix_.total * sizeof(int32_t), "step indices"); !status.ok()) return status;
+    if (absl::Status status = hidx_.Allocate(ix_.total * sizeof(int32_t)); !status.ok()) return status;
     std::memset(hidx_.as<int32_t>(), 0, ix_.total * sizeof(int32_t));
     return absl::OkStatus();
   }
@@ -512,10 +529,12 @@ class CudaModelRunner final : public ModelRunner {
 
   absl::Status DownloadLogits(int64_t B, std::vector<float>* logits) {
     const int64_t n = B * c_.vocab;
-    FS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(hlogits_.as<uint8_t>(), logits_.get(), n * es_, cudaMemcpyDeviceToHost,
-                                            stream_),
-                            "logits download"));
-    FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "forward step"));
+    if (absl::Status status =
+            Cuda(cudaMemcpyAsync(hlogits_.as<uint8_t>(), logits_.get(), n * es_, cudaMemcpyDeviceToHost, stream_),
+                 "logits download");
+        !status.ok())
+      return status;
+    if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "forward step"); !status.ok()) return status;
     logits->resize(n);
     ConvertToFloat(hlogits_.as<uint8_t>(), n, logits->data());
     return absl::OkStatus();
@@ -539,8 +558,8 @@ class CudaModelRunner final : public ModelRunner {
     return ToAbsl(GemmForward(a, 0, stream_), "gemm");
   }
 
-  absl::Status Norm(cuda::NormKind kind, const void* x, const void* residual, const void* weight, int64_t rows,
-                    void* y, void* residual_out) {
+  absl::Status Norm(cuda::NormKind kind, const void* x, const void* residual, const void* weight, int64_t rows, void* y,
+                    void* residual_out) {
     cuda::NormParams p;
     p.kind = kind;
     p.dtype = dt_;
@@ -557,14 +576,18 @@ class CudaModelRunner final : public ModelRunner {
 
   // Enqueues the whole step (no host synchronisation: also what a graph holds).
   absl::Status EnqueueForward(const Step& st) {
-    FS_RETURN_IF_ERROR(ToAbsl(cuda::LaunchGatherRows(embed_.get(), Idx(ix_.tokens), st.T, c_.hidden * es_,
-                                                     x_[0].get(), stream_),
-                              "embedding"));
-    FS_RETURN_IF_ERROR(EnqueueLayers(st, 0, c_.layers));
+    if (absl::Status status =
+            ToAbsl(cuda::LaunchGatherRows(embed_.get(), Idx(ix_.tokens), st.T, c_.hidden * es_, x_[0].get(), stream_),
+                   "embedding");
+        !status.ok())
+      return status;
+    if (absl::Status status = EnqueueLayers(st, 0, c_.layers); !status.ok()) return status;
     // h holds final_norm(x); the LM head runs on each sequence's last row.
-    FS_RETURN_IF_ERROR(ToAbsl(
-        cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
-        "last rows"));
+    if (absl::Status status =
+            ToAbsl(cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
+                   "last rows");
+        !status.ok())
+      return status;
     return Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get());
   }
 
@@ -574,11 +597,13 @@ class CudaModelRunner final : public ModelRunner {
     const int64_t T = st.T, D = c_.hidden, qd = c_.q_dim(), kvd = c_.kv_dim(), I = c_.intermediate;
     const int64_t qkvd = qd + 2 * kvd;
     int cur = 0;
-    FS_RETURN_IF_ERROR(Norm(cuda::NormKind::kRms, x_[cur].get(), nullptr, layers_[first].attn_norm.get(), T,
-                            h_.get(), nullptr));
+    if (absl::Status status =
+            Norm(cuda::NormKind::kRms, x_[cur].get(), nullptr, layers_[first].attn_norm.get(), T, h_.get(), nullptr);
+        !status.ok())
+      return status;
     for (int64_t l = first; l < end; ++l) {
       const Layer& L = layers_[l];
-      FS_RETURN_IF_ERROR(Linear(h_.get(), L.wqkv.get(), T, D, qkvd, qkv_.get()));
+      if (absl::Status status = Linear(h_.get(), L.wqkv.get(), T, D, qkvd, qkv_.get()); !status.ok()) return status;
       cuda::RopeKvParams rp;
       rp.dtype = dt_;
       rp.qkv = qkv_.get();
@@ -594,31 +619,44 @@ class CudaModelRunner final : public ModelRunner {
       rp.Hq = static_cast<int>(c_.q_heads);
       rp.Hkv = static_cast<int>(c_.kv_heads);
       rp.D = static_cast<int>(c_.head_dim);
-      FS_RETURN_IF_ERROR(ToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"));
-      FS_RETURN_IF_ERROR(Attention(st, l));
-      FS_RETURN_IF_ERROR(Linear(ao_.get(), L.wo.get(), T, qd, D, tmp_.get()));
-      FS_RETURN_IF_ERROR(Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), L.mlp_norm.get(), T, h_.get(),
-                              x_[1 - cur].get()));
+      if (absl::Status status = ToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
+        return status;
+      if (absl::Status status = Attention(st, l); !status.ok()) return status;
+      if (absl::Status status = Linear(ao_.get(), L.wo.get(), T, qd, D, tmp_.get()); !status.ok()) return status;
+      if (absl::Status status = Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), L.mlp_norm.get(), T, h_.get(),
+                                     x_[1 - cur].get());
+          !status.ok())
+        return status;
       cur = 1 - cur;
       if (GemvSupported(dt_, T, D, h_.get(), L.gate_up.get())) {
-        FS_RETURN_IF_ERROR(
-            ToAbsl(LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu"));
+        if (absl::Status status =
+                ToAbsl(LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu");
+            !status.ok())
+          return status;
       } else {
-        FS_RETURN_IF_ERROR(Linear(h_.get(), L.gate_up.get(), T, D, 2 * I, gu_.get()));
-        FS_RETURN_IF_ERROR(ToAbsl(LaunchMlpSiluAndMul(dt_, T, I, gu_.get(), act_.get(), stream_), "silu_and_mul"));
+        if (absl::Status status = Linear(h_.get(), L.gate_up.get(), T, D, 2 * I, gu_.get()); !status.ok())
+          return status;
+        if (absl::Status status =
+                ToAbsl(LaunchMlpSiluAndMul(dt_, T, I, gu_.get(), act_.get(), stream_), "silu_and_mul");
+            !status.ok())
+          return status;
       }
-      FS_RETURN_IF_ERROR(Linear(act_.get(), L.down.get(), T, I, D, tmp_.get()));
+      if (absl::Status status = Linear(act_.get(), L.down.get(), T, I, D, tmp_.get()); !status.ok()) return status;
       // Next layer's input norm fused with the residual add (the final norm
       // after the last layer; outside Forward only the new residual is kept).
       const void* next_w = l + 1 < end ? layers_[l + 1].attn_norm.get() : final_norm_.get();
-      FS_RETURN_IF_ERROR(
-          Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get()));
+      if (absl::Status status =
+              Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
+          !status.ok())
+        return status;
       cur = 1 - cur;
     }
     if (cur != 0) {
-      FS_RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(x_[0].get(), x_[cur].get(), T * D * es_, cudaMemcpyDeviceToDevice,
-                                              stream_),
-                              "residual copy"));
+      if (absl::Status status =
+              Cuda(cudaMemcpyAsync(x_[0].get(), x_[cur].get(), T * D * es_, cudaMemcpyDeviceToDevice, stream_),
+                   "residual copy");
+          !status.ok())
+        return status;
     }
     return absl::OkStatus();
   }
@@ -647,7 +685,9 @@ class CudaModelRunner final : public ModelRunner {
       // waves (the rule of dispatch_compute.cc's attention_prefill).
       const int64_t ctas128 = (st.max_prefill + 127) / 128 * Hq * st.B;
       const int block_m = ctas128 < 4 * std::max(1, sm_count_) ? 64 : 128;
-      FS_RETURN_IF_ERROR(ToAbsl(LaunchAttentionPrefill(a, block_m, 4, stream_), "attention prefill"));
+      if (absl::Status status = ToAbsl(LaunchAttentionPrefill(a, block_m, 4, stream_), "attention prefill");
+          !status.ok())
+        return status;
       if (st.block_layers) return absl::OkStatus();
     }
     if (st.R == 0) return absl::OkStatus();
@@ -694,7 +734,8 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status CaptureGraphs() {
     DropGraphs();
     const int64_t max_b = std::min<int64_t>(o_.max_graph_batch, cap_seqs_);
-    FS_RETURN_IF_ERROR(Reserve(std::max(cap_tokens_, max_b), std::max(cap_seqs_, max_b)));
+    if (absl::Status status = Reserve(std::max(cap_tokens_, max_b), std::max(cap_seqs_, max_b)); !status.ok())
+      return status;
     std::map<int64_t, Graph> made;
     for (int64_t b = 1; b <= max_b; b *= 2) {
       int32_t* h = hidx_.as<int32_t>();
@@ -709,24 +750,27 @@ class CudaModelRunner final : public ModelRunner {
         h[ix_.last_rows + i] = static_cast<int32_t>(i);
         h[ix_.block_tables + i * bt_stride_] = static_cast<int32_t>(num_blocks_);
       }
-      FS_RETURN_IF_ERROR(Upload(0, ix_.total));
+      if (absl::Status status = Upload(0, ix_.total); !status.ok()) return status;
       Step st;
       st.T = st.B = st.R = b;
       // Split count fixed per bucket (each row cuts its own context in that
       // many parts), chosen for a long context.
       st.splits = cuda::PagedAttentionSplits(static_cast<int>(b), static_cast<int>(c_.kv_heads),
                                              static_cast<int>(bt_stride_ * block_size_), sm_count_);
-      FS_RETURN_IF_ERROR(EnqueueForward(st));
-      FS_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream_), "graph warm-up step"));
+      if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
+      if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "graph warm-up step"); !status.ok()) return status;
       Graph g;
-      FS_RETURN_IF_ERROR(Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture"));
+      if (absl::Status status =
+              Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+          !status.ok())
+        return status;
       absl::Status enq = EnqueueForward(st);
       const cudaError_t end = cudaStreamEndCapture(stream_, &g.graph);
       if (!enq.ok()) {
         if (g.graph != nullptr) cudaGraphDestroy(g.graph);
         return enq;
       }
-      FS_RETURN_IF_ERROR(Cuda(end, "end capture"));
+      if (absl::Status status = Cuda(end, "end capture"); !status.ok()) return status;
       if (cudaError_t e = cudaGraphInstantiate(&g.exec, g.graph, 0); e != cudaSuccess) {
         cudaGraphDestroy(g.graph);
         return Cuda(e, "cudaGraphInstantiate");
@@ -767,7 +811,7 @@ class CudaModelRunner final : public ModelRunner {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,
-                                                                  const CudaModelRunnerOptions& options) {
+                                                                 const CudaModelRunnerOptions& options) {
   if (weights == nullptr) return absl::InvalidArgumentError("no weights");
   if (absl::Status s = weights->config().Validate(); !s.ok()) return s;
   auto runner = std::make_unique<CudaModelRunner>(weights->config(), options);
@@ -775,19 +819,19 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr
   return std::unique_ptr<ModelRunner>(std::move(runner));
 }
 
-absl::StatusOr<int64_t> CudaKvCacheBlocks(const ModelRunner& runner, int device, int64_t block_size,
-                                          double fraction, int64_t reserve_bytes) {
+absl::StatusOr<int64_t> CudaKvCacheBlocks(const ModelRunner& runner, int device, int64_t block_size, double fraction,
+                                          int64_t reserve_bytes) {
   if (block_size <= 0) return absl::InvalidArgumentError("block size must be positive");
-  FS_RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "cudaSetDevice"));
+  if (absl::Status status = Cuda(cudaSetDevice(device), "cudaSetDevice"); !status.ok()) return status;
   size_t free_b = 0, total_b = 0;
-  FS_RETURN_IF_ERROR(Cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
+  if (absl::Status status = Cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"); !status.ok()) return status;
   const double usable = static_cast<double>(free_b) * fraction - static_cast<double>(reserve_bytes);
   const int64_t per_block = runner.KvBytesPerBlock(block_size);
   // One block fewer: the runner adds a spare one for graph padding rows.
   const int64_t blocks = static_cast<int64_t>(usable / static_cast<double>(per_block)) - 1;
   if (blocks < 2) {
-    return absl::ResourceExhaustedError(absl::StrCat("free GPU memory (", free_b >> 20,
-                                                     " MiB) leaves no room for the KV cache"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("free GPU memory (", free_b >> 20, " MiB) leaves no room for the KV cache"));
   }
   return blocks;
 }

@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -113,8 +116,26 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, 
   return MakeCpuBackend();
 }
 
+// The hosted model's config as far as the envelope needs it (no weights
+// read); failures are left to the model loading that follows, which reports them.
+std::optional<ModelConfig> HostedModelConfig() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir.empty()) {
+    absl::StatusOr<ModelConfig> c = PresetConfig(absl::GetFlag(FLAGS_model_preset));
+    return c.ok() ? std::optional<ModelConfig>(*c) : std::nullopt;
+  }
+  std::ifstream in(dir + "/config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<ModelConfig> c = ConfigFromHfJson(text.str(), dir + "/config.json");
+  return c.ok() ? std::optional<ModelConfig>(*c) : std::nullopt;
+}
+
 WarmupOptions WarmupOptionsFromFlags() {
   WarmupOptions o;
+  if (std::optional<ModelConfig> m = HostedModelConfig()) {
+    o.model_shapes.push_back({m->hidden, m->intermediate, m->q_heads, m->kv_heads, m->head_dim, m->vocab});
+  }
   o.cache_path = absl::GetFlag(FLAGS_tuning_cache);
   o.envelope_path = absl::GetFlag(FLAGS_envelope);
   o.tune_budget_seconds = absl::GetFlag(FLAGS_tune_budget_seconds);

@@ -79,19 +79,18 @@ std::vector<int64_t> SmallTuningKey(const std::string& op, const std::vector<int
   return key;
 }
 
-std::vector<EnvelopeEntry> DefaultEnvelope(const WarmupOptions& o) {
-  std::vector<int64_t> buckets;
-  const int64_t max_bucket = RoundUpPow2(std::max<int64_t>(1, o.max_tokens));
-  for (int64_t m = 1; m <= max_bucket; m *= 2) buckets.push_back(m);
+namespace {
 
-  const int64_t H = o.hidden_size, I = o.intermediate_size, Hq = o.num_q_heads, Hkv = o.num_kv_heads,
-                D = o.head_dim, V = o.vocab_size;
-  std::vector<EnvelopeEntry> env;
+// The entries of one model shape, for every token bucket.
+void AddShapeEntries(const EnvelopeShape& shape, DType dtype, const std::vector<int64_t>& buckets,
+                     std::vector<EnvelopeEntry>* env) {
+  const int64_t H = shape.hidden_size, I = shape.intermediate_size, Hq = shape.num_q_heads,
+                Hkv = shape.num_kv_heads, D = shape.head_dim, V = shape.vocab_size;
   auto add = [&](const std::string& op, std::vector<int64_t> rest) {
     for (int64_t m : buckets) {
       std::vector<int64_t> key{m};
       key.insert(key.end(), rest.begin(), rest.end());
-      env.push_back({op, o.dtype, key});
+      env->push_back({op, dtype, key});
     }
   };
   for (const char* op : {"rms_norm", "add_rms_norm", "add_rms_norm_silu", "layer_norm"}) add(op, {H});
@@ -107,9 +106,30 @@ std::vector<EnvelopeEntry> DefaultEnvelope(const WarmupOptions& o) {
   constexpr int64_t kMaxKvBytes = int64_t{2} << 30;
   for (int64_t L : {1024, 4096}) {
     for (int64_t B : buckets) {
-      const int64_t kv_bytes = 2 * B * L * Hkv * D * static_cast<int64_t>(DTypeSize(o.dtype));
+      const int64_t kv_bytes = 2 * B * L * Hkv * D * static_cast<int64_t>(DTypeSize(dtype));
       if (B > 256 || kv_bytes > kMaxKvBytes) break;
-      env.push_back({"attention_decode", o.dtype, {B, L, Hq, Hkv, D}});
+      env->push_back({"attention_decode", dtype, {B, L, Hq, Hkv, D}});
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<EnvelopeEntry> DefaultEnvelope(const WarmupOptions& o) {
+  std::vector<int64_t> buckets;
+  const int64_t max_bucket = RoundUpPow2(std::max<int64_t>(1, o.max_tokens));
+  for (int64_t m = 1; m <= max_bucket; m *= 2) buckets.push_back(m);
+
+  std::vector<EnvelopeShape> shapes = {{o.hidden_size, o.intermediate_size, o.num_q_heads, o.num_kv_heads,
+                                        o.head_dim, o.vocab_size}};
+  shapes.insert(shapes.end(), o.model_shapes.begin(), o.model_shapes.end());
+  std::vector<EnvelopeEntry> env;
+  std::set<std::pair<std::string, std::vector<int64_t>>> seen;
+  for (const EnvelopeShape& shape : shapes) {
+    std::vector<EnvelopeEntry> entries;
+    AddShapeEntries(shape, o.dtype, buckets, &entries);
+    for (EnvelopeEntry& e : entries) {
+      if (seen.insert({e.op, e.key}).second) env.push_back(std::move(e));
     }
   }
   return env;

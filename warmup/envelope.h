@@ -1,8 +1,10 @@
 // The shape envelope: which (op, dtype, shape bucket) entries the server
 // tunes and warms up at start.
 //
-// Default (no --envelope file), from WarmupOptions' model dims, dtype
-// options.dtype, token buckets M = 1, 2, 4, ... RoundUpPow2(max_tokens):
+// Default (no --envelope file): for the standard dims of WarmupOptions
+// (Llama-3-8B's) and then each of options.model_shapes (the hosted model's),
+// dtype options.dtype, token buckets M = 1, 2, 4, ... RoundUpPow2(max_tokens),
+// without repeating an entry:
 //   rms_norm, add_rms_norm, add_rms_norm_silu, layer_norm  {M, hidden}
 //   silu_and_mul {M, intermediate}   gelu {M, intermediate}   softmax {M, vocab}
 //   rope {M, Hq, Hkv, D}

@@ -24,6 +24,16 @@ struct EnvelopeEntry {
   std::vector<int64_t> key;  // TuningKey with the token dim already a bucket
 };
 
+// The dimensions of a model that set the default envelope's shapes.
+struct EnvelopeShape {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+};
+
 struct WarmupOptions {
   std::string cache_path;     // tuning cache JSON file; "" disables persistence
   std::string envelope_path;  // optional JSON envelope file; "" = default envelope
@@ -35,6 +45,9 @@ struct WarmupOptions {
   int64_t head_dim = 128;
   int64_t vocab_size = 128256;
   DType dtype = DType::kBF16;
+  // Further shapes for the default envelope, beside the standard one above:
+  // the hosted model's (main.cc adds it), so its kernels start warm too.
+  std::vector<EnvelopeShape> model_shapes;
   int64_t max_tokens = 16384;  // token buckets 1, 2, 4, ... max_tokens
   bool tune_missing = true;    // false: use defaults for entries not in the cache
   double tune_budget_seconds = 600;  // stop tuning after this; rest use defaults

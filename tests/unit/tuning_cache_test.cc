@@ -628,5 +628,25 @@ TEST(TuningService, CpuWarmupOfDefaultEnvelopeIsQuick) {
   EXPECT_FALSE(Exists(o.cache_path));  // nothing tuned, nothing written
 }
 
+// The default envelope covers the standard shapes and the hosted model's,
+// each entry once.
+TEST(Envelope, DefaultAddsTheModelShapesOnce) {
+  WarmupOptions o;
+  o.max_tokens = 4;  // buckets 1, 2, 4
+  const size_t standard = DefaultEnvelope(o).size();
+  o.model_shapes.push_back({o.hidden_size, o.intermediate_size, o.num_q_heads, o.num_kv_heads, o.head_dim,
+                            o.vocab_size});  // same as the standard: nothing new
+  EXPECT_EQ(DefaultEnvelope(o).size(), standard);
+  o.model_shapes = {{64, 176, 4, 2, 16, 512}};  // a tiny model
+  const std::vector<EnvelopeEntry> env = DefaultEnvelope(o);
+  EXPECT_EQ(env.size(), 2 * standard);
+  std::set<std::pair<std::string, std::vector<int64_t>>> keys;
+  for (const EnvelopeEntry& e : env) keys.insert({e.op, e.key});
+  EXPECT_EQ(keys.size(), env.size());
+  EXPECT_TRUE(keys.count({"rms_norm", {4, 64}}));
+  EXPECT_TRUE(keys.count({"rms_norm", {4, 4096}}));
+  EXPECT_TRUE(keys.count({"linear", {2, 4 * 16 + 2 * 2 * 16, 64}}));
+}
+
 }  // namespace
 }  // namespace fusedserve

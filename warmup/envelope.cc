@@ -101,6 +101,10 @@ void AddShapeEntries(const EnvelopeShape& shape, DType dtype, const std::vector<
   add("linear", {(Hq + 2 * Hkv) * D, H});
   add("linear", {H, Hq * D});
   add("swiglu_mlp", {H, I});
+  // The flash-attention kernels take head dims 64 and 128 only
+  // (kernels/cuda/attention.h); other models' attention runs elsewhere.
+  const bool attention_kernels = D == 64 || D == 128;
+  if (!attention_kernels) return;
   add("attention", {Hq, Hkv, D});
   // Decode batches: the KV cache of B sequences of L tokens (K and V) within 2 GiB.
   constexpr int64_t kMaxKvBytes = int64_t{2} << 30;

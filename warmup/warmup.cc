@@ -271,6 +271,10 @@ absl::Status TuningServiceImpl::RunEnvelopeOnce(WarmupReport* r, const std::func
       cache_->Forget(e.op, e.dtype, e.key);
       AddCount(&r->rejected, "launch_failed", 1);
       s = tuner_->RunOnce(e, "", tuned);
+      if (absl::IsUnimplemented(s)) {
+        unsupported.insert(e.op);
+        continue;
+      }
     }
     if (!s.ok()) {
       return absl::InternalError(absl::StrCat("warm-up run of ", e.op, " ", DTypeFileName(e.dtype), " ",

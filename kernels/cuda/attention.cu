@@ -751,7 +751,7 @@ bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
 
 CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
   if (!AttentionHeadDimSupported(a.D)) {
-    return CudaStatus::Error("attention: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
+    return CudaStatus::Unsupported("attention: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention: Hq must be a multiple of Hkv");
   if (a.T == 0 || a.B == 0 || a.max_seqlen == 0) return CudaStatus::Ok();
@@ -796,7 +796,7 @@ size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits) {
 
 CudaStatus LaunchAttentionDecode(const DecodeArgs& a, int splits, void* workspace, cudaStream_t stream) {
   if (!AttentionHeadDimSupported(a.D)) {
-    return CudaStatus::Error("attention_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
+    return CudaStatus::Unsupported("attention_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention_decode: Hq must be a multiple of Hkv");
   if (a.B == 0 || a.Hq == 0) return CudaStatus::Ok();

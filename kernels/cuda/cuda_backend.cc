@@ -148,6 +148,9 @@ class CudaBackend : public Backend {
     CudaStatus status = RunMemoryBoundOp(r, din, dout, ctx_, &handled);
     if (!handled) status = RunComputeOp(r, din, dout, ctx_, &handled);
     if (!handled) return absl::UnimplementedError("op '" + r.op + "' has no CUDA implementation");
+    // A valid request outside what the kernels take (e.g. a head dim the
+    // flash kernels lack): answer it with the CPU reference, slowly but right.
+    if (status.unsupported) return cpu_fallback_->Run(r);
     if (!status.ok()) return ToAbsl(status);
 
     if (total > out_begin) {
@@ -177,6 +180,7 @@ class CudaBackend : public Backend {
   DeviceArena arena_;
   DeviceArena scratch_;
   PinnedBuffer staging_;
+  const std::unique_ptr<Backend> cpu_fallback_ = MakeCpuBackend();
 };
 
 }  // namespace

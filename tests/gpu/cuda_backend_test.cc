@@ -83,5 +83,21 @@ TEST(CudaBackend, ReusesBuffersAcrossSizes) {
   }
 }
 
+// A valid request the kernels do not take (head dim 16) is answered by the
+// CPU reference fallback, not refused.
+TEST(CudaBackend, UnsupportedShapesFallBackToTheReference) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeCudaBackend(0, {});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  for (const Case& c : {Case{"attention", {9, 4, 2, 16}}, Case{"attention_decode", {2, 7, 4, 2, 16}}}) {
+    OpRequest r = MakeRandomRequest(c.op, DType::kBF16, c.key, 7);
+    absl::StatusOr<TensorMap> got = (*gpu)->Run(r);
+    ASSERT_TRUE(got.ok()) << c.op << ": " << got.status();
+    absl::StatusOr<TensorMap> want = cpu->Run(r);
+    EXPECT_EQ(got->at("o").data, want->at("o").data) << c.op;
+  }
+}
+
 }  // namespace
 }  // namespace fusedserve

@@ -637,15 +637,18 @@ TEST(Envelope, DefaultAddsTheModelShapesOnce) {
   o.model_shapes.push_back({o.hidden_size, o.intermediate_size, o.num_q_heads, o.num_kv_heads, o.head_dim,
                             o.vocab_size});  // same as the standard: nothing new
   EXPECT_EQ(DefaultEnvelope(o).size(), standard);
-  o.model_shapes = {{64, 176, 4, 2, 16, 512}};  // a tiny model
+  o.model_shapes = {{64, 176, 4, 2, 16, 512}};  // a tiny model: head dim 16, no attention kernels
   const std::vector<EnvelopeEntry> env = DefaultEnvelope(o);
-  EXPECT_EQ(env.size(), 2 * standard);
+  EXPECT_GT(env.size(), standard);
   std::set<std::pair<std::string, std::vector<int64_t>>> keys;
   for (const EnvelopeEntry& e : env) keys.insert({e.op, e.key});
   EXPECT_EQ(keys.size(), env.size());
   EXPECT_TRUE(keys.count({"rms_norm", {4, 64}}));
   EXPECT_TRUE(keys.count({"rms_norm", {4, 4096}}));
   EXPECT_TRUE(keys.count({"linear", {2, 4 * 16 + 2 * 2 * 16, 64}}));
+  for (const EnvelopeEntry& e : env) {
+    if (e.op == "attention" || e.op == "attention_decode") EXPECT_NE(e.key.back(), 16) << e.op;
+  }
 }
 
 }  // namespace

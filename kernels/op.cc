@@ -1,4 +1,11 @@
+// The op table, output shapes, tuning keys and random requests: the parts of
+// the op vocabulary every layer shares.
 #include "kernels/op.h"
+
+#include <cmath>
+#include <random>
+
+#include "kernels/backend.h"
 
 namespace fusedserve {
 
@@ -36,11 +43,6 @@ Activation ParseActivation(const std::string& s) {
   return Activation::kNone;
 }
 
-}  // namespace fusedserve
-
-#include "kernels/backend.h"
-
-namespace fusedserve {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> OutputShapes(const OpRequest& r) {
   const std::string& op = r.op;
@@ -63,12 +65,6 @@ DType RequestDType(const OpRequest& r) {
   return DType::kF32;
 }
 
-}  // namespace fusedserve
-
-#include <cmath>
-#include <random>
-
-namespace fusedserve {
 
 std::vector<int64_t> TuningKey(const OpRequest& r) {
   const std::string& op = r.op;

@@ -647,7 +647,9 @@ TEST(Envelope, DefaultAddsTheModelShapesOnce) {
   EXPECT_TRUE(keys.count({"rms_norm", {4, 4096}}));
   EXPECT_TRUE(keys.count({"linear", {2, 4 * 16 + 2 * 2 * 16, 64}}));
   for (const EnvelopeEntry& e : env) {
-    if (e.op == "attention" || e.op == "attention_decode") EXPECT_NE(e.key.back(), 16) << e.op;
+    if (e.op == "attention" || e.op == "attention_decode") {
+      EXPECT_NE(e.key.back(), 16) << e.op;
+    }
   }
 }
 

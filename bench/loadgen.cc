@@ -83,20 +83,6 @@ double Micros(Clock::duration d) { return std::chrono::duration<double, std::mic
 
 // ---- request construction and checking -------------------------------------
 
-v1::FusedOpRequest ToProto(const OpRequest& r) {
-  v1::FusedOpRequest p;
-  p.set_op(r.op);
-  for (const auto& [name, t] : r.inputs) TensorToProto(t, &(*p.mutable_inputs())[name]);
-  for (const auto& [name, v] : r.attrs) {
-    v1::AttrValue& a = (*p.mutable_attrs())[name];
-    if (const double* f = std::get_if<double>(&v)) a.set_f(*f);
-    if (const int64_t* i = std::get_if<int64_t>(&v)) a.set_i(*i);
-    if (const std::string* s = std::get_if<std::string>(&v)) a.set_s(*s);
-    if (const bool* b = std::get_if<bool>(&v)) a.set_b(*b);
-  }
-  return p;
-}
-
 bool ParseDType(const std::string& s, DType* out) {
   if (s == "f32") *out = DType::kF32;
   else if (s == "f16") *out = DType::kF16;
@@ -235,7 +221,7 @@ class Loadgen {
         }
       }
       reqs.push_back(r);
-      protos_.push_back(ToProto(r));
+      protos_.push_back(OpRequestToProto(r));
     }
     if (std::string err = WaitReady(); !err.empty()) return err;
     if (absl::GetFlag(FLAGS_check)) {

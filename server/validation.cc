@@ -79,6 +79,20 @@ void TensorToProto(const HostTensor& t, v1::Tensor* out) {
   out->set_data(t.data);
 }
 
+v1::FusedOpRequest OpRequestToProto(const OpRequest& r) {
+  v1::FusedOpRequest p;
+  p.set_op(r.op);
+  for (const auto& [name, t] : r.inputs) TensorToProto(t, &(*p.mutable_inputs())[name]);
+  for (const auto& [name, v] : r.attrs) {
+    v1::AttrValue& a = (*p.mutable_attrs())[name];
+    if (const double* f = std::get_if<double>(&v)) a.set_f(*f);
+    if (const int64_t* i = std::get_if<int64_t>(&v)) a.set_i(*i);
+    if (const std::string* s = std::get_if<std::string>(&v)) a.set_s(*s);
+    if (const bool* b = std::get_if<bool>(&v)) a.set_b(*b);
+  }
+  return p;
+}
+
 namespace {
 
 // Checks that `t` has rank `rank` and, where expect[i] >= 0, dim i == expect[i].

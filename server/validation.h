@@ -22,6 +22,9 @@ struct ValidationLimits {
 absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& t, const std::string& name,
                                            const ValidationLimits& limits);
 void TensorToProto(const HostTensor& t, v1::Tensor* out);
+// The wire form of a request (the inverse of ValidateFusedOp's conversion),
+// for clients: tests, the load generator, the fuzzers.
+v1::FusedOpRequest OpRequestToProto(const OpRequest& request);
 
 DType FromProtoDType(v1::DType d);  // only for validated values
 v1::DType ToProtoDType(DType d);

@@ -18,20 +18,6 @@
 namespace fusedserve {
 namespace {
 
-v1::FusedOpRequest ToProto(const OpRequest& r) {
-  v1::FusedOpRequest p;
-  p.set_op(r.op);
-  for (const auto& [name, t] : r.inputs) TensorToProto(t, &(*p.mutable_inputs())[name]);
-  for (const auto& [name, v] : r.attrs) {
-    v1::AttrValue& a = (*p.mutable_attrs())[name];
-    if (const double* f = std::get_if<double>(&v)) a.set_f(*f);
-    if (const int64_t* i = std::get_if<int64_t>(&v)) a.set_i(*i);
-    if (const std::string* s = std::get_if<std::string>(&v)) a.set_s(*s);
-    if (const bool* b = std::get_if<bool>(&v)) a.set_b(*b);
-  }
-  return p;
-}
-
 int64_t SmallDim(FuzzedDataProvider& in) { return in.ConsumeIntegralInRange<int64_t>(1, 9); }
 
 // A dimension as a hostile client might send it.
@@ -200,7 +186,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (op == "linear" && in.ConsumeBool()) {
     base.inputs["bias"] = HostTensor::FromFloat(dt, {key[1]}, std::vector<float>(key[1], 0.5f));
   }
-  v1::FusedOpRequest p = ToProto(base);
+  v1::FusedOpRequest p = OpRequestToProto(base);
   const int mutations = in.ConsumeIntegralInRange(0, 4);
   for (int i = 0; i < mutations; ++i) Mutate(in, p);
   ValidationLimits limits;

@@ -35,7 +35,6 @@ namespace fusedserve {
 namespace {
 
 using testing::ServerProcess;
-using testing::ToProto;
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -89,7 +88,7 @@ Case Valid(const std::string& name, OpRequest r) {
   static Backend* cpu = MakeCpuBackend().release();
   Case c;
   c.name = name;
-  c.request = ToProto(r);
+  c.request = OpRequestToProto(r);
   c.want = *cpu->Run(r);
   return c;
 }
@@ -115,7 +114,7 @@ std::vector<Case> ValidCases() {
 }
 
 std::vector<Case> MalformedCases() {
-  const v1::FusedOpRequest good = ToProto(MakeRandomRequest("rms_norm", DType::kF32, {3, 8}, 7));
+  const v1::FusedOpRequest good = OpRequestToProto(MakeRandomRequest("rms_norm", DType::kF32, {3, 8}, 7));
   const std::vector<std::pair<std::string, std::function<void(v1::FusedOpRequest&)>>> mutations = {
       {"unknown op", [](v1::FusedOpRequest& r) { r.set_op("rms_normz"); }},
       {"empty op", [](v1::FusedOpRequest& r) { r.clear_op(); }},
@@ -400,7 +399,7 @@ TEST(Reliability, MessageAboveLimitIsRefusedClearly) {
   ASSERT_NE(server, nullptr);
   auto stub = server->stub();
   // 2 MiB of x: over the limit.
-  const v1::FusedOpRequest big = ToProto(MakeRandomRequest("rms_norm", DType::kF32, {512, 1024}, 1));
+  const v1::FusedOpRequest big = OpRequestToProto(MakeRandomRequest("rms_norm", DType::kF32, {512, 1024}, 1));
   ASSERT_GT(big.ByteSizeLong(), static_cast<size_t>(kLimit));
   for (int i = 0; i < 3; ++i) {
     grpc::ClientContext ctx;

@@ -77,20 +77,6 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-v1::FusedOpRequest ToProto(const OpRequest& r) {
-  v1::FusedOpRequest p;
-  p.set_op(r.op);
-  for (const auto& [name, t] : r.inputs) TensorToProto(t, &(*p.mutable_inputs())[name]);
-  for (const auto& [name, v] : r.attrs) {
-    v1::AttrValue& a = (*p.mutable_attrs())[name];
-    if (const double* f = std::get_if<double>(&v)) a.set_f(*f);
-    if (const int64_t* i = std::get_if<int64_t>(&v)) a.set_i(*i);
-    if (const std::string* s = std::get_if<std::string>(&v)) a.set_s(*s);
-    if (const bool* b = std::get_if<bool>(&v)) a.set_b(*b);
-  }
-  return p;
-}
-
 std::shared_ptr<grpc::Channel> ServerProcess::NewChannel(std::shared_ptr<grpc::ChannelCredentials> credentials) const {
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(-1);

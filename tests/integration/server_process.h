@@ -21,9 +21,6 @@ int FreePort();
 // GET http://127.0.0.1:port/path; returns the body ("" on failure).
 std::string HttpGet(int port, const std::string& path);
 
-// Builds the wire request for an OpRequest (tensors and attributes).
-v1::FusedOpRequest ToProto(const OpRequest& request);
-
 class ServerProcess {
  public:
   // Starts $FUSEDSERVE_BIN serve --device=cpu on free ports with `flags`

@@ -18,7 +18,6 @@ namespace {
 
 using testing::HttpGet;
 using testing::ServerProcess;
-using testing::ToProto;
 
 class ServerTest : public ::testing::Test {
  protected:
@@ -84,7 +83,7 @@ TEST_F(ServerTest, EveryOpMatchesReference) {
         r.attrs["activation"] = std::string("silu");
       }
       v1::FusedOpResponse resp;
-      grpc::Status st = Call(ToProto(r), &resp);
+      grpc::Status st = Call(OpRequestToProto(r), &resp);
       ASSERT_TRUE(st.ok()) << st.error_message();
       EXPECT_EQ(resp.backend(), "cpu");
       absl::StatusOr<TensorMap> want = reference->Run(r);
@@ -112,7 +111,7 @@ TEST_F(ServerTest, RmsNormValues) {
   r.inputs["weight"] = HostTensor::FromFloat(DType::kF32, {4}, w);
   r.attrs["eps"] = 1e-6;
   v1::FusedOpResponse resp;
-  ASSERT_TRUE(Call(ToProto(r), &resp).ok());
+  ASSERT_TRUE(Call(OpRequestToProto(r), &resp).ok());
   absl::StatusOr<HostTensor> y = TensorFromProto(resp.outputs().at("y"), "y", {});
   ASSERT_TRUE(y.ok());
   const std::vector<float> got = y->ToFloat();
@@ -172,7 +171,7 @@ TEST_F(ServerTest, MalformedRequestsAreRejectedAndServerStaysUp) {
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.name);
-    v1::FusedOpRequest req = ToProto(good);
+    v1::FusedOpRequest req = OpRequestToProto(good);
     c.mutate(req);
     v1::FusedOpResponse resp;
     grpc::Status st = Call(req, &resp);
@@ -211,19 +210,19 @@ TEST_F(ServerTest, MalformedRequestsAreRejectedAndServerStaysUp) {
     OpRequest r = MakeRandomRequest(c.op, DType::kF32, c.key, 3);
     c.mutate(r);
     v1::FusedOpResponse resp;
-    grpc::Status st = Call(ToProto(r), &resp);
+    grpc::Status st = Call(OpRequestToProto(r), &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
     EXPECT_NE(st.error_message().find(c.expect), std::string::npos) << st.error_message();
   }
   // Still serving, and still correct.
   v1::FusedOpResponse resp;
-  EXPECT_TRUE(Call(ToProto(good), &resp).ok());
+  EXPECT_TRUE(Call(OpRequestToProto(good), &resp).ok());
   EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
 TEST_F(ServerTest, MetricsCountRequests) {
   v1::FusedOpResponse resp;
-  ASSERT_TRUE(Call(ToProto(MakeRandomRequest("softmax", DType::kF32, {2, 5}, 9)), &resp).ok());
+  ASSERT_TRUE(Call(OpRequestToProto(MakeRandomRequest("softmax", DType::kF32, {2, 5}, 9)), &resp).ok());
   const std::string body = HttpGet(server_->metrics_port(), "/metrics");
   EXPECT_NE(body.find("fusedserve_requests_total{code=\"OK\",op=\"softmax\",rpc=\"FusedOp\"}"), std::string::npos)
       << body.substr(0, 2000);
@@ -267,7 +266,7 @@ TEST(ServerShutdown, SigtermDrainsInFlightRequests) {
   // Each takes a while on the CPU reference (M=256, K=N=1024: 0.5 GFLOP), so
   // with 2 workers some run and some wait in the queue when SIGTERM lands.
   const OpRequest r = MakeRandomRequest("linear", DType::kF32, {256, 1024, 1024}, 5);
-  const v1::FusedOpRequest req = ToProto(r);
+  const v1::FusedOpRequest req = OpRequestToProto(r);
   constexpr int kInFlight = 6;
   std::vector<std::future<grpc::Status>> calls;
   auto stub = server->stub();
@@ -289,7 +288,7 @@ TEST(ServerShutdown, SigtermDrainsInFlightRequests) {
     // New work is refused while draining.
     grpc::ClientContext ctx;
     v1::FusedOpResponse resp;
-    grpc::Status st = server->stub()->FusedOp(&ctx, ToProto(MakeRandomRequest("softmax", DType::kF32, {1, 4}, 1)), &resp);
+    grpc::Status st = server->stub()->FusedOp(&ctx, OpRequestToProto(MakeRandomRequest("softmax", DType::kF32, {1, 4}, 1)), &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   }
   for (auto& c : calls) {

@@ -6,13 +6,13 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "server/validation.h"
 #include "tests/integration/server_process.h"
 
 namespace fusedserve {
 namespace {
 
 using testing::ServerProcess;
-using testing::ToProto;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -65,7 +65,7 @@ class TlsTest : public ::testing::Test {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::FusedOpResponse resp;
-    return stub->FusedOp(&ctx, ToProto(MakeRandomRequest("rms_norm", DType::kF32, {2, 8}, 1)), &resp);
+    return stub->FusedOp(&ctx, OpRequestToProto(MakeRandomRequest("rms_norm", DType::kF32, {2, 8}, 1)), &resp);
   }
 
   static std::string* dir_;

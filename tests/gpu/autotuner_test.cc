@@ -22,6 +22,7 @@
 #include "warmup/autotuner.h"
 #include "warmup/envelope.h"
 #include "warmup/tuning_cache.h"
+#include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
 namespace {
@@ -30,17 +31,6 @@ std::string TempDir() {
   std::string tmpl = ::testing::TempDir() + "/autotuner_test.XXXXXX";
   EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
   return tmpl;
-}
-
-double RelError(const HostTensor& got, const HostTensor& want) {
-  const std::vector<float> g = got.ToFloat(), w = want.ToFloat();
-  if (g.size() != w.size()) return INFINITY;
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
-    norm += double(w[i]) * w[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
 const std::vector<EnvelopeEntry>& SomeEntries() {
@@ -105,7 +95,7 @@ TEST(Autotuner, WinnersMatchTheCpuReference) {
     ASSERT_TRUE(got.ok()) << e.op << ": " << got.status();
     ASSERT_TRUE(want.ok()) << e.op << ": " << want.status();
     for (const auto& [name, t] : *want) {
-      const double rel = RelError(got->at(name), t);
+      const double rel = RelErrorNorm(got->at(name), t);
       std::printf("%s %s winner %s: %s rel error %.2e\n", e.op.c_str(), FormatTuningKey(e.op, e.key).c_str(),
                   winners[EntryId(e.op, e.dtype, e.key)].c_str(), name.c_str(), rel);
       EXPECT_LT(rel, 2e-2) << e.op << " " << name;

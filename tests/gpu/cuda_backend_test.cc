@@ -6,21 +6,12 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
 namespace {
 
 double Tolerance(DType dt) { return dt == DType::kF32 ? 1e-4 : dt == DType::kF16 ? 4e-3 : 2e-2; }
-
-double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 struct Case {
   std::string op;
@@ -60,7 +51,7 @@ TEST(CudaBackend, EveryOpMatchesCpuBackend) {
         const HostTensor& g = got->at(name);
         EXPECT_EQ(g.dtype, t.dtype);
         EXPECT_EQ(g.shape, t.shape);
-        const double err = RelErr(g.ToFloat(), t.ToFloat());
+        const double err = RelErrorNorm(g.ToFloat(), t.ToFloat());
         EXPECT_LE(err, Tolerance(dt)) << name;
       }
     }
@@ -79,7 +70,7 @@ TEST(CudaBackend, ReusesBuffersAcrossSizes) {
     absl::StatusOr<TensorMap> got = (*gpu)->Run(r);
     absl::StatusOr<TensorMap> want = cpu->Run(r);
     ASSERT_TRUE(got.ok() && want.ok());
-    EXPECT_LE(RelErr(got->at("y").ToFloat(), want->at("y").ToFloat()), 2e-2);
+    EXPECT_LE(RelErrorNorm(got->at("y").ToFloat(), want->at("y").ToFloat()), 2e-2);
   }
 }
 

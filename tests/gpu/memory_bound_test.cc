@@ -28,6 +28,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/op.h"
+#include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
 namespace {
@@ -43,16 +44,6 @@ float RoundTo(DType dt, float v) {
 }
 
 // ||got - want|| / ||want||; NaN when got has a NaN (an unwritten element).
-double RelErr(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    num += d * d;
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 // Seed base for the run: FUSEDSERVE_TEST_SEED or random (printed either way).
 uint64_t NextSeed() {
   static uint64_t seed = [] {
@@ -180,7 +171,7 @@ void CheckOp(const std::string& op, DType dt, const std::vector<int64_t>& key, c
     out[name] = d;
     std::vector<float> rounded = ref.at(name);
     for (float& v : rounded) v = RoundTo(dt, v);
-    tolerance[name] = std::max(BaseTolerance(dt), 2.0 * RelErr(rounded, ref.at(name)));
+    tolerance[name] = std::max(BaseTolerance(dt), 2.0 * RelErrorNorm(rounded, ref.at(name)));
   }
 
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads complete before the stream reads them
@@ -206,7 +197,7 @@ void CheckOp(const std::string& op, DType dt, const std::vector<int64_t>& key, c
       h.shape = d.shape;
       h.data.resize(Bytes(d));
       ASSERT_EQ(cudaMemcpy(h.data.data(), d.data, h.data.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-      const double err = RelErr(h.ToFloat(), ref.at(name));
+      const double err = RelErrorNorm(h.ToFloat(), ref.at(name));
       EXPECT_LE(err, tolerance[name]) << name;  // NaN (unwritten output) fails too
     }
     ++g_configs_checked;

@@ -20,6 +20,7 @@
 #include "server/model_cuda_runner.h"
 #include "server/model_runner.h"
 #include "server/model_weights.h"
+#include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
 namespace {
@@ -57,15 +58,6 @@ ModelConfig Mid128Config() {  // head dim 128, GQA 4, untied, llama3 rope scalin
 
 // Relative L2 bound on logits: bf16 activations vs the fp32 CPU runner.
 double Tolerance(const ModelConfig& c) { return c.dtype == DType::kF32 ? 1e-3 : 3e-2; }
-
-double RelErr(const float* got, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 struct Pair {
   std::unique_ptr<ModelRunner> cpu, gpu;
@@ -147,7 +139,7 @@ TEST_P(ModelCudaTest, PrefillLogits) {
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(lc.size(), lg.size());
   for (size_t i = 0; i < lens.size(); ++i) {
-    const double e = RelErr(lg.data() + i * c.vocab, lc.data() + i * c.vocab, c.vocab);
+    const double e = RelErrorNorm(lg.data() + i * c.vocab, lc.data() + i * c.vocab, c.vocab);
     std::printf("[%s] prefill len %ld: logits rel err %.3e\n", c.name.c_str(), static_cast<long>(lens[i]), e);
     EXPECT_LT(e, Tolerance(c)) << "prompt length " << lens[i];
   }
@@ -168,7 +160,7 @@ TEST_P(ModelCudaTest, PrefillLogits) {
     s = p.gpu->Forward({f}, &l1g);
     ASSERT_TRUE(s.ok()) << s;
   }
-  const double e = RelErr(l1g.data(), l1c.data(), c.vocab);
+  const double e = RelErrorNorm(l1g.data(), l1c.data(), c.vocab);
   std::printf("[%s] chunked prefill 200+100: logits rel err %.3e\n", c.name.c_str(), e);
   EXPECT_LT(e, Tolerance(c));
 }
@@ -215,7 +207,7 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
     for (size_t b = 0; b < active.size(); ++b) {
       const float* rc = lc.data() + b * c.vocab;
       const float* rg = lg.data() + b * c.vocab;
-      const double e = RelErr(rg, rc, c.vocab);
+      const double e = RelErrorNorm(rg, rc, c.vocab);
       worst = std::max(worst, e);
       EXPECT_LT(e, Tolerance(c)) << "step " << step << " seq " << active[b];
       const int tc = Argmax(rc, c.vocab), tg = Argmax(rg, c.vocab);
@@ -260,7 +252,7 @@ TEST_P(ModelCudaTest, TransformerBlockLayers) {
   ASSERT_TRUE(p.cpu->RunLayers(first, n, B, S, pos.data(), xc.data()).ok());
   absl::Status st = p.gpu->RunLayers(first, n, B, S, pos.data(), xg.data());
   ASSERT_TRUE(st.ok()) << st;
-  const double e = RelErr(xg.data(), xc.data(), B * S * D);
+  const double e = RelErrorNorm(xg.data(), xc.data(), B * S * D);
   std::printf("[%s] TransformerBlock layers [%ld,%ld): rel err %.3e\n", c.name.c_str(), static_cast<long>(first),
               static_cast<long>(first + n), e);
   EXPECT_LT(e, Tolerance(c));

@@ -1,24 +1,37 @@
-// Decode-step benchmark of the CUDA model runner: the llama-3.2-1b preset
-// (random bf16 weights), B = 1, 8, 64 sequences at context 2048, one token
-// each per step, through ModelRunner::Forward (index upload, the decode step
-// replayed from its CUDA graph, logits copied to the host and widened to
-// fp32: what the engine pays per step, sampling excluded).
-// Floor: bytes one step must read (every weight once, tied embedding read by
-// the LM head, plus the K/V of B x 2048 positions over all layers) at the
-// device-to-device copy bandwidth measured in the same run (bytes read +
-// written). Median of 50 steps after 5 warm-up steps.
+// Model benchmarks of the CUDA model runner (random bf16 weights):
+//   1. decode step of the llama-3.2-1b preset through ModelRunner::Forward:
+//      B = 1, 16, 64 sequences, contexts 128 and 2048, one token each, greedy
+//      (index upload, the step replayed from its CUDA graph, device argmax,
+//      B token ids copied back: what the engine pays per greedy step).
+//   2. the same model through the Engine (scheduler, continuous batching,
+//      sampling, sinks): B requests submitted at once, time per output token.
+//   3. one llama-3-8b layer: prefill B=2 S=2048 and decode B=1 ctx=2048,
+//      timed as Forward(2 layers) - Forward(1 layer) (embedding, LM head and
+//      copies cancel).
+// Floor: bytes a step must read (every weight once, the tied embedding read
+// by the LM head, the K/V of B x ctx positions over all layers) at the
+// device-to-device copy bandwidth measured in the same run (read + write),
+// as in PEERS.md. Medians of 50 steps after 5 warm-up steps.
+// FS_PROFILE=1: only one warm 1B decode step at B=1 and B=16 (ctx 2048)
+// between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "server/engine.h"
 #include "server/model_cuda_runner.h"
 #include "server/model_weights.h"
 
 namespace fusedserve {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 double CopyBandwidth() {
   const size_t bytes = size_t{1} << 30;
@@ -40,72 +53,206 @@ double CopyBandwidth() {
   return 2.0 * bytes * iters / (ms * 1e-3);  // read + write
 }
 
+std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens, int64_t kv_blocks, int64_t bs) {
+  CudaModelRunnerOptions o;
+  o.max_tokens = max_tokens;
+  o.max_seqs = 64;
+  o.max_graph_batch = 64;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> made = MakeCudaModelRunner(ModelWeights::Random(c, 1), o);
+  if (!made.ok()) {
+    std::printf("runner: %s\n", std::string(made.status().message()).c_str());
+    std::exit(1);
+  }
+  if (kv_blocks > 0) {
+    if (absl::Status s = (*made)->InitKvCache(kv_blocks, bs); !s.ok()) {
+      std::printf("kv cache: %s\n", std::string(s.message()).c_str());
+      std::exit(1);
+    }
+  }
+  return std::move(*made);
+}
+
+// B sequences of `len` tokens each (block tables disjoint), whose next step
+// is `num_tokens` tokens at position `start`.
+struct Batch {
+  std::vector<std::vector<int32_t>> tables, toks;
+  std::vector<SeqForward> seqs;
+  Batch(int64_t B, int64_t start, int64_t num_tokens, int64_t per_seq, int64_t vocab) : tables(B), toks(B), seqs(B) {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < per_seq; ++i) tables[b].push_back(static_cast<int32_t>(b * per_seq + i));
+      for (int64_t i = 0; i < num_tokens; ++i) toks[b].push_back(static_cast<int32_t>((b * 7919 + i * 31) % vocab));
+      seqs[b].tokens = toks[b].data();
+      seqs[b].num_tokens = num_tokens;
+      seqs[b].start = start;
+      seqs[b].block_table = tables[b].data();
+      seqs[b].num_blocks = per_seq;
+      seqs[b].want_logits = false;  // greedy: device argmax only
+    }
+  }
+};
+
+// Median wall time of Forward over `iters` steps after 5 warm-up steps, ms.
+double MedianForwardMs(ModelRunner& r, const std::vector<SeqForward>& batch, int iters = 50) {
+  ForwardOutput out;
+  std::vector<double> ms;
+  for (int it = 0; it < iters + 5; ++it) {
+    auto a = Clock::now();
+    if (absl::Status s = r.Forward(batch, &out); !s.ok()) {
+      std::printf("forward: %s\n", std::string(s.message()).c_str());
+      std::exit(1);
+    }
+    if (it >= 5) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Collects one generation's result.
+class WaitSink : public GenerationSink {
+ public:
+  bool IsCancelled() override { return false; }
+  void OnToken(int32_t) override {}
+  void OnFinish(const absl::Status& status, const GenerationResult& result) override {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+    result_ = result;
+    done_ = true;
+  }
+  GenerationResult Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    if (!status_.ok()) {
+      std::printf("generation failed: %s\n", std::string(status_.message()).c_str());
+      std::exit(1);
+    }
+    return result_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ = false;
+  absl::Status status_;
+  GenerationResult result_;
+};
+
+void DecodeTable(const ModelConfig& c, double bw) {
+  const int64_t bs = 16, maxB = 64, max_ctx = 2048, per_seq = max_ctx / bs + 1;
+  auto t0 = Clock::now();
+  std::unique_ptr<ModelRunner> r = MakeRunner(c, 2048, maxB * per_seq + 16, bs);
+  std::printf("\n1. decode step, %s: %.2f GB of bf16 weights; set-up %.1f s\n", c.name.c_str(),
+              c.NumParameters() * 2 / 1e9, std::chrono::duration<double>(Clock::now() - t0).count());
+  const double weight_bytes = static_cast<double>(c.NumParameters()) * 2;
+  std::printf("%4s %6s %10s %10s %8s %10s\n", "B", "ctx", "step_ms", "floor_ms", "%floor", "tokens/s");
+  for (int64_t ctx : {128, 2048}) {
+    for (int64_t B : {1, 16, 64}) {
+      Batch batch(B, ctx - 1, 1, per_seq, c.vocab);  // attends over ctx keys
+      const double med = MedianForwardMs(*r, batch.seqs);
+      const double kv_bytes = static_cast<double>(B) * ctx * c.layers * c.kv_dim() * 2 * 2;
+      const double floor_ms = (weight_bytes + kv_bytes) / bw * 1e3;
+      std::printf("%4ld %6ld %10.3f %10.3f %7.1f%% %10.0f\n", static_cast<long>(B), static_cast<long>(ctx), med,
+                  floor_ms, 100.0 * floor_ms / med, B / (med * 1e-3));
+    }
+  }
+}
+
+void EngineTable(const ModelConfig& c, double bw) {
+  const int64_t bs = 16;
+  EngineOptions eo;
+  eo.kv_block_size = bs;
+  eo.kv_cache_blocks = 64 * (2048 / bs + 2);
+  eo.max_running = 64;
+  eo.max_batched_tokens = 8192;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(MakeRunner(c, 8192, 0, bs), nullptr, eo);
+  if (!engine.ok()) {
+    std::printf("engine: %s\n", std::string(engine.status().message()).c_str());
+    std::exit(1);
+  }
+  const double weight_bytes = static_cast<double>(c.NumParameters()) * 2;
+  std::printf("\n2. through the engine (greedy, B requests at once, time per output token)\n");
+  std::printf("%4s %7s %7s %10s %10s %8s %10s\n", "B", "prompt", "new", "tpot_ms", "floor_ms", "%floor", "tokens/s");
+  for (int64_t prompt : {128, 1920}) {
+    for (int64_t B : {1, 16, 64}) {
+      const int64_t new_tokens = 128;
+      std::vector<std::shared_ptr<WaitSink>> sinks;
+      for (int64_t b = 0; b < B; ++b) {
+        GenerationRequest req;
+        for (int64_t i = 0; i < prompt; ++i) req.prompt.push_back(static_cast<int32_t>((b * 131 + i * 17) % c.vocab));
+        req.max_new_tokens = new_tokens;
+        sinks.push_back(std::make_shared<WaitSink>());
+        if (absl::Status s = (*engine)->Submit(std::move(req), sinks.back()); !s.ok()) {
+          std::printf("submit: %s\n", std::string(s.message()).c_str());
+          std::exit(1);
+        }
+      }
+      double tpot = 0;
+      for (auto& s : sinks) tpot += s->Wait().time_per_output_token_s;
+      tpot = tpot / B * 1e3;
+      const double mean_ctx = prompt + new_tokens / 2.0;
+      const double kv_bytes = static_cast<double>(B) * mean_ctx * c.layers * c.kv_dim() * 2 * 2;
+      const double floor_ms = (weight_bytes + kv_bytes) / bw * 1e3;
+      std::printf("%4ld %7ld %7ld %10.3f %10.3f %7.1f%% %10.0f\n", static_cast<long>(B), static_cast<long>(prompt),
+                  static_cast<long>(new_tokens), tpot, floor_ms, 100.0 * floor_ms / tpot, B / (tpot * 1e-3));
+    }
+  }
+}
+
+void Layer8bTable(double bw) {
+  ModelConfig c = *PresetConfig("llama-3-8b");
+  c.vocab = 256;  // the LM head cancels in the difference anyway
+  const int64_t bs = 16, per_seq = 2048 / bs + 1;
+  double prefill[2], decode[2];
+  for (int layers = 1; layers <= 2; ++layers) {
+    c.layers = layers;
+    std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, 2 * per_seq + 16, bs);
+    Batch pre(2, 0, 2048, per_seq, c.vocab);
+    prefill[layers - 1] = MedianForwardMs(*r, pre.seqs, 20);
+    Batch dec(1, 2047, 1, per_seq, c.vocab);
+    decode[layers - 1] = MedianForwardMs(*r, dec.seqs);
+  }
+  // One layer's weights (bf16) and, for decode, its K/V of 2048 positions.
+  c.layers = 1;
+  const double layer_w = (static_cast<double>(c.NumParameters()) - 2.0 * c.vocab * c.hidden - c.hidden) * 2;
+  const double kv = 2048.0 * c.kv_dim() * 2 * 2;
+  const double pf_flops = 2.0 * 4096 * layer_w / 2 + 4.0 * 2 * 2048.0 * 2048 / 2 * c.q_dim();  // GEMMs + causal attention
+  const double pf_ms = prefill[1] - prefill[0], dc_ms = decode[1] - decode[0];
+  std::printf("\n3. one llama-3-8b layer (Forward of 2 layers - 1 layer)\n");
+  std::printf("prefill B=2 S=2048: %.3f ms (%.0f TFLOP/s)\n", pf_ms, pf_flops / (pf_ms * 1e-3) / 1e12);
+  std::printf("decode B=1 ctx=2048: %.1f us (floor %.1f us at copy bandwidth, %.1f%%)\n", dc_ms * 1e3,
+              (layer_w + kv) / bw * 1e6, 100.0 * (layer_w + kv) / bw * 1e3 / dc_ms);
+}
+
+void Profile(const ModelConfig& c) {
+  const int64_t bs = 16, per_seq = 2048 / bs + 1;
+  std::unique_ptr<ModelRunner> r = MakeRunner(c, 2048, 16 * per_seq + 16, bs);
+  for (int64_t B : {1, 16}) {
+    Batch batch(B, 2047, 1, per_seq, c.vocab);
+    MedianForwardMs(*r, batch.seqs, 3);
+    ForwardOutput out;
+    cudaProfilerStart();
+    if (absl::Status s = r->Forward(batch.seqs, &out); !s.ok()) std::exit(1);
+    cudaProfilerStop();
+  }
+}
+
 int Main() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("no CUDA device; skipped\n");
     return 0;
   }
+  const ModelConfig c = *PresetConfig("llama-3.2-1b");
+  const char* prof = std::getenv("FS_PROFILE");
+  if (prof != nullptr && prof[0] == '1') {
+    Profile(c);
+    return 0;
+  }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const double bw = CopyBandwidth();
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write)\n", prop.name, bw / 1e9);
-
-  const ModelConfig c = *PresetConfig("llama-3.2-1b");
-  auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<ModelWeights> w = ModelWeights::Random(c, 1);
-  CudaModelRunnerOptions o;
-  o.max_tokens = 2048;
-  o.max_seqs = 64;
-  o.max_graph_batch = 64;
-  absl::StatusOr<std::unique_ptr<ModelRunner>> made = MakeCudaModelRunner(std::move(w), o);
-  if (!made.ok()) {
-    std::printf("runner: %s\n", std::string(made.status().message()).c_str());
-    return 1;
-  }
-  ModelRunner& r = **made;
-  const int64_t bs = 16, ctx = 2048, per_seq = ctx / bs + 1, maxB = 64;
-  if (absl::Status s = r.InitKvCache(maxB * per_seq + 16, bs); !s.ok()) {
-    std::printf("kv cache: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  std::printf("model %s: %.2f GB of bf16 weights; set-up (random weights, upload, graph capture) %.1f s\n",
-              c.name.c_str(), c.NumParameters() * 2 / 1e9,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  const double weight_bytes = static_cast<double>(c.NumParameters()) * 2;
-  std::printf("%4s %6s %12s %12s %10s %12s\n", "B", "ctx", "step_ms", "floor_ms", "%floor", "tokens/s");
-  for (int64_t B : {1, 8, 64}) {
-    std::vector<std::vector<int32_t>> tables(B), toks(B);
-    std::vector<SeqForward> batch(B);
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t i = 0; i < per_seq; ++i) tables[b].push_back(static_cast<int32_t>(b * per_seq + i));
-      toks[b] = {static_cast<int32_t>((b * 7919) % c.vocab)};
-      batch[b].tokens = toks[b].data();
-      batch[b].num_tokens = 1;
-      batch[b].start = ctx - 1;  // attends over 2048 keys
-      batch[b].block_table = tables[b].data();
-      batch[b].num_blocks = per_seq;
-    }
-    std::vector<float> logits;
-    std::vector<double> ms;
-    for (int it = 0; it < 55; ++it) {
-      auto a = std::chrono::steady_clock::now();
-      if (absl::Status s = r.Forward(batch, &logits); !s.ok()) {
-        std::printf("forward: %s\n", std::string(s.message()).c_str());
-        return 1;
-      }
-      auto e = std::chrono::steady_clock::now();
-      if (it >= 5) ms.push_back(std::chrono::duration<double, std::milli>(e - a).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    // Bytes read per step: weights + K/V of B sequences x ctx x layers.
-    const double kv_bytes = static_cast<double>(B) * ctx * c.layers * c.kv_dim() * 2 * 2;
-    // As in PEERS.md: the bytes a step must read, at the measured copy bandwidth (read + written bytes per s).
-    const double floor_ms = (weight_bytes + kv_bytes) / bw * 1e3;
-    std::printf("%4ld %6ld %12.3f %12.3f %9.1f%% %12.0f\n", static_cast<long>(B), static_cast<long>(ctx), med,
-                floor_ms, 100.0 * floor_ms / med, B / (med * 1e-3));
-  }
+  DecodeTable(c, bw);
+  EngineTable(c, bw);
+  Layer8bTable(bw);
   return 0;
 }
 

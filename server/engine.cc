@@ -295,10 +295,11 @@ void Engine::Step() {
     f.num_tokens = static_cast<int64_t>(s->tokens.size()) - s->cached;
     f.block_table = s->blocks.data();
     f.num_blocks = static_cast<int64_t>(s->blocks.size());
+    f.want_logits = s->request.sampling.temperature > 0.0f;
     batch.push_back(f);
   }
-  std::vector<float> logits;
-  if (absl::Status st = runner_->Forward(batch, &logits); !st.ok()) {
+  ForwardOutput out;
+  if (absl::Status st = runner_->Forward(batch, &out); !st.ok()) {
     LogError(absl::StrCat("forward step failed: ", st.message()));
     for (auto& s : running_) FinishSequence(*s, absl::InternalError(absl::StrCat("forward failed: ", st.message())));
     running_.clear();
@@ -312,7 +313,9 @@ void Engine::Step() {
   for (size_t b = 0; b < running_.size(); ++b) {
     Sequence& s = *running_[b];
     s.cached = static_cast<int64_t>(s.tokens.size());
-    const int32_t tok = SampleToken(logits.data() + b * vocab, vocab, s.request.sampling, s.rng);
+    const int32_t tok = batch[b].want_logits
+                            ? SampleToken(out.logits.data() + b * vocab, vocab, s.request.sampling, s.rng)
+                            : out.greedy[b];
     s.tokens.push_back(tok);
     ++s.generated;
     if (s.generated == 1) {

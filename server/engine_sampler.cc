@@ -37,39 +37,70 @@ uint64_t SamplerRng::Next() {
   return result;
 }
 
+int32_t GreedyToken(const float* logits, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i) {
+    // Strictly greater keeps the lowest index; a NaN best is replaced by any number.
+    if (logits[i] > logits[best] || (std::isnan(logits[best]) && !std::isnan(logits[i]))) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p, SamplerRng& rng) {
-  if (p.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  if (p.temperature <= 0.0f) return GreedyToken(logits, vocab);
+  const double inv_t = 1.0 / static_cast<double>(p.temperature);
+  const double mx = logits[GreedyToken(logits, vocab)];
+  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  const bool top_p = p.top_p > 0.0f && p.top_p < 1.0f;
+  if (!top_k && !top_p) {
+    // Plain temperature: every token is a candidate, walked in index order
+    // (no sort of a 128K vocabulary per token).
+    double total = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) total += std::exp((logits[i] - mx) * inv_t);
+    const double u = rng.Uniform() * total;
+    double cum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      cum += std::exp((logits[i] - mx) * inv_t);
+      if (u < cum) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(vocab - 1);
   }
   // Candidates ordered by logit (descending), ties by index: a total order,
-  // so the result does not depend on the sort algorithm.
+  // so the result does not depend on the sort algorithm, and the first n of
+  // a partial sort are the first n of the full one.
   std::vector<int32_t> idx(vocab);
   std::iota(idx.begin(), idx.end(), 0);
   auto before = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  int64_t keep = vocab;
-  if (p.top_k > 0 && p.top_k < vocab) {
-    keep = p.top_k;
-    std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), before);
-  } else {
-    std::sort(idx.begin(), idx.end(), before);
-  }
-  const double inv_t = 1.0 / static_cast<double>(p.temperature);
-  const double mx = logits[idx[0]];
-  std::vector<double> prob(keep);
+  // top-p's mass is relative to the top-k candidates, or to the whole vocabulary.
+  int64_t keep = top_k ? p.top_k : vocab;
   double total = 0.0;
-  for (int64_t i = 0; i < keep; ++i) total += (prob[i] = std::exp((logits[idx[i]] - mx) * inv_t));
-  if (p.top_p > 0.0f && p.top_p < 1.0f) {
+  if (!top_k) {
+    for (int64_t i = 0; i < vocab; ++i) total += std::exp((logits[i] - mx) * inv_t);
+  }
+  // Sort only as far as needed: the top-k, or a prefix grown until it holds
+  // the top-p mass (usually a few hundred tokens).
+  int64_t sorted = top_k ? keep : std::min<int64_t>(keep, 256);
+  std::vector<double> prob;
+  while (true) {
+    std::partial_sort(idx.begin(), idx.begin() + sorted, idx.end(), before);
+    prob.resize(sorted);
+    double mass = 0.0;
+    for (int64_t i = 0; i < sorted; ++i) mass += (prob[i] = std::exp((logits[idx[i]] - mx) * inv_t));
+    if (top_k) total = mass;
+    if (!top_p) break;
     // Smallest prefix whose probability reaches top_p (at least one token).
     double cum = 0.0;
     int64_t n = 0;
-    while (n < keep) {
-      cum += prob[n++] / total;
-      if (cum >= p.top_p) break;
+    while (n < sorted && cum < p.top_p) cum += prob[n++] / total;
+    if (cum >= p.top_p || sorted == keep) {
+      sorted = n;
+      break;
     }
-    keep = n;
-    total = 0.0;
-    for (int64_t i = 0; i < keep; ++i) total += prob[i];
+    sorted = std::min<int64_t>(keep, sorted * 8);
   }
+  keep = sorted;
+  total = 0.0;
+  for (int64_t i = 0; i < keep; ++i) total += prob[i];
   const double u = rng.Uniform() * total;
   double cum = 0.0;
   for (int64_t i = 0; i < keep; ++i) {

@@ -28,7 +28,11 @@ class SamplerRng {
   uint64_t s_[4];
 };
 
-// Picks a token from logits [vocab]. Greedy takes the lowest index among ties.
+// The greedy token: the lowest index of the largest logit; NaN counts as
+// lower than every number (the rule of the CUDA runner's device argmax).
+int32_t GreedyToken(const float* logits, int64_t vocab);
+
+// Picks a token from logits [vocab]. Greedy (temperature <= 0) is GreedyToken.
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params, SamplerRng& rng);
 
 }  // namespace fusedserve

@@ -10,9 +10,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/reference.h"
+#include "server/engine_sampler.h"
 #include "server/model_runner.h"
 
 namespace fusedserve {
+
+absl::Status ModelRunner::ForwardLogits(std::vector<SeqForward> batch, std::vector<float>* logits) {
+  for (SeqForward& s : batch) s.want_logits = true;
+  ForwardOutput out;
+  if (absl::Status s = Forward(batch, &out); !s.ok()) return s;
+  *logits = std::move(out.logits);
+  return absl::OkStatus();
+}
 
 int64_t ModelRunner::KvBytesPerBlock(int64_t block_size) const {
   const ModelConfig& c = config();
@@ -80,7 +89,7 @@ class CpuModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(const std::vector<SeqForward>& batch, std::vector<float>* logits) override {
+  absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
     if (k_cache_.empty()) return absl::FailedPreconditionError("KV cache not initialised");
     const int64_t D = c_.hidden;
     int64_t T = 0;
@@ -116,8 +125,10 @@ class CpuModelRunner final : public ModelRunner {
       std::copy_n(x.data() + (row - 1) * D, D, last.data() + b * D);
     }
     cpu::RmsNorm(last.data(), final_norm_.data(), B, D, static_cast<float>(c_.rms_eps), normed.data());
-    logits->resize(B * c_.vocab);
-    Gemm(normed.data(), c_.tied_embeddings ? embed_.data() : lm_head_.data(), B, D, c_.vocab, logits->data());
+    out->logits.resize(B * c_.vocab);
+    Gemm(normed.data(), c_.tied_embeddings ? embed_.data() : lm_head_.data(), B, D, c_.vocab, out->logits.data());
+    out->greedy.resize(B);
+    for (int64_t b = 0; b < B; ++b) out->greedy[b] = GreedyToken(out->logits.data() + b * c_.vocab, c_.vocab);
     return absl::OkStatus();
   }
 

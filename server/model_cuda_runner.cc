@@ -33,6 +33,7 @@
 #include "kernels/cuda/mlp.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/sampling.h"
 
 namespace fusedserve {
 namespace {
@@ -108,17 +109,15 @@ class HostBuffer {
   void* ptr_ = nullptr;
 };
 
-// The int32 step inputs: one pinned staging area and one device area with the
-// same layout, so a step uploads them with one copy per used range.
+// The int32 step inputs, packed for the step's sizes (t token rows, r paged
+// query rows, s sequences, bt block-table entries) into one pinned staging
+// area and one device area, so a step uploads them with one copy. A graph
+// bucket's steps all have the same sizes, hence the offsets it captured.
 struct StepIndex {
-  int64_t cap_tokens = 0, cap_seqs = 0, bt_entries = 0;
   // Offsets (in int32 elements) of each array.
   int64_t tokens = 0, positions = 0, slots = 0, rows = 0, row_seq = 0, ctx = 0, seq_lens = 0, last_rows = 0,
-          block_tables = 0, total = 0;
-  void Layout(int64_t t, int64_t s, int64_t bt) {
-    cap_tokens = t;
-    cap_seqs = s;
-    bt_entries = bt;
+          bt_width = 0, block_tables = 0, total = 0;
+  void Layout(int64_t t, int64_t r, int64_t s, int64_t bt) {
     int64_t o = 0;
     auto take = [&](int64_t n) {
       const int64_t at = o;
@@ -128,11 +127,12 @@ struct StepIndex {
     tokens = take(t);
     positions = take(t);
     slots = take(t);
-    rows = take(t);
-    row_seq = take(t);
-    ctx = take(t);
+    rows = take(r);
+    row_seq = take(r);
+    ctx = take(r);
     seq_lens = take(s);
     last_rows = take(s);
+    bt_width = take(1);  // the block tables' row stride, read by the graph's attention
     block_tables = take(bt);
     total = o;
   }
@@ -238,7 +238,7 @@ class CudaModelRunner final : public ModelRunner {
     if (absl::Status status = Cuda(cudaMemsetAsync(v_cache_.get(), 0, bytes, stream_), "V cache clear"); !status.ok())
       return status;
     const int64_t max_ctx = std::min<int64_t>(table_rows_, num_blocks * block_size);
-    bt_stride_ = std::max<int64_t>(1, (max_ctx + block_size - 1) / block_size);
+    max_bt_width_ = std::max<int64_t>(1, (max_ctx + block_size - 1) / block_size);
     if (absl::Status status = Reserve(cap_tokens_, cap_seqs_); !status.ok()) return status;
     if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "KV cache init"); !status.ok()) return status;
     if (o_.cuda_graphs)
@@ -246,12 +246,13 @@ class CudaModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(const std::vector<SeqForward>& batch, std::vector<float>* logits) override {
+  absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
     if (k_cache_.get() == nullptr) return absl::FailedPreconditionError("KV cache not initialised");
     if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
     const int64_t B = static_cast<int64_t>(batch.size());
     if (B == 0) {
-      logits->clear();
+      out->greedy.clear();
+      out->logits.clear();
       return absl::OkStatus();
     }
     int64_t T = 0;
@@ -260,7 +261,7 @@ class CudaModelRunner final : public ModelRunner {
       if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a forward batch");
       const int64_t need = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
       if (need > s.num_blocks) return absl::InternalError("block table too short for the sequence");
-      if (need > bt_stride_ || s.start + s.num_tokens > table_rows_) {
+      if (need > max_bt_width_ || s.start + s.num_tokens > table_rows_) {
         return absl::InvalidArgumentError("sequence longer than the model's maximum position");
       }
       T += s.num_tokens;
@@ -278,6 +279,21 @@ class CudaModelRunner final : public ModelRunner {
       }
     }
 
+    bool use_flash = false;
+    int64_t max_prefill = 0, R = 0;
+    for (const SeqForward& s : batch) {
+      if (flash_ok_ && s.start == 0 && s.num_tokens > 1) use_flash = true;
+      if (s.start == 0) max_prefill = std::max(max_prefill, s.num_tokens);
+    }
+    // Block tables go up as wide as this step's longest sequence needs, not
+    // as wide as the longest sequence the cache could hold.
+    int64_t width = 1;
+    for (const SeqForward& s : batch) {
+      R += use_flash && s.start == 0 ? 0 : s.num_tokens;
+      width = std::max(width, (s.start + s.num_tokens + block_size_ - 1) / block_size_);
+    }
+    ix_.Layout(std::max(T, bucket), std::max(R, bucket), std::max(B, bucket), std::max(B, bucket) * width);
+
     // Host staging of the step's indices.
     int32_t* h = hidx_.as<int32_t>();
     int32_t* tokens = h + ix_.tokens;
@@ -289,17 +305,13 @@ class CudaModelRunner final : public ModelRunner {
     int32_t* seq_lens = h + ix_.seq_lens;
     int32_t* last_rows = h + ix_.last_rows;
     int32_t* bt = h + ix_.block_tables;
-    bool use_flash = false;
-    int64_t max_prefill = 0;
-    for (const SeqForward& s : batch) {
-      if (flash_ok_ && s.start == 0 && s.num_tokens > 1) use_flash = true;
-      if (s.start == 0) max_prefill = std::max(max_prefill, s.num_tokens);
-    }
-    int64_t row = 0, R = 0, max_ctx = 1;
+    h[ix_.bt_width] = static_cast<int32_t>(width);
+    int64_t row = 0, max_ctx = 1;
+    R = 0;
     for (int64_t b = 0; b < B; ++b) {
       const SeqForward& s = batch[b];
       const int64_t nb = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
-      std::copy_n(s.block_table, nb, bt + b * bt_stride_);
+      std::copy_n(s.block_table, nb, bt + b * width);
       const bool paged = !(use_flash && s.start == 0);
       for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
         const int32_t tok = s.tokens[i];
@@ -329,20 +341,9 @@ class CudaModelRunner final : public ModelRunner {
       ctx[b] = 1;
       seq_lens[b] = 1;
       last_rows[b] = static_cast<int32_t>(b);
-      bt[b * bt_stride_] = static_cast<int32_t>(num_blocks_);
+      bt[b * width] = static_cast<int32_t>(num_blocks_);
     }
-    const int64_t Tp = std::max(T, bucket), Bp = std::max(B, bucket), Rp = std::max(R, bucket);
-    if (absl::Status status = Upload(ix_.tokens, Tp); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.positions, Tp); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.slots, Tp); !status.ok()) return status;
-    if (Rp > 0) {
-      if (absl::Status status = Upload(ix_.rows, Rp); !status.ok()) return status;
-      if (absl::Status status = Upload(ix_.row_seq, Rp); !status.ok()) return status;
-      if (absl::Status status = Upload(ix_.ctx, Rp); !status.ok()) return status;
-    }
-    if (absl::Status status = Upload(ix_.seq_lens, Bp); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.last_rows, Bp); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.block_tables, Bp * bt_stride_); !status.ok()) return status;
+    if (absl::Status status = UploadIndices(); !status.ok()) return status;
 
     if (graph != nullptr) {
       if (absl::Status status = Cuda(cudaGraphLaunch(graph->exec, stream_), "cudaGraphLaunch"); !status.ok())
@@ -358,7 +359,7 @@ class CudaModelRunner final : public ModelRunner {
                                              static_cast<int>(max_ctx), sm_count_);
       if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
     }
-    return DownloadLogits(B, logits);
+    return Download(batch, out);
   }
 
   absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
@@ -376,6 +377,7 @@ class CudaModelRunner final : public ModelRunner {
     if (absl::Status status = Reserve(T, B); !status.ok()) return status;
     // The graphs read the step buffers at fixed addresses; this path reuses
     // them and never touches the KV cache.
+    ix_.Layout(T, T, B, 0);
     int32_t* h = hidx_.as<int32_t>();
     for (int64_t i = 0; i < T; ++i) {
       h[ix_.positions + i] = static_cast<int32_t>(positions[i]);
@@ -387,12 +389,7 @@ class CudaModelRunner final : public ModelRunner {
       h[ix_.seq_lens + b] = static_cast<int32_t>(S);
       h[ix_.last_rows + b] = static_cast<int32_t>(b);  // identity block table: sequence b = "block" b
     }
-    if (absl::Status status = Upload(ix_.positions, T); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.rows, T); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.row_seq, T); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.ctx, T); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.seq_lens, B); !status.ok()) return status;
-    if (absl::Status status = Upload(ix_.last_rows, B); !status.ok()) return status;
+    if (absl::Status status = UploadIndices(); !status.ok()) return status;
     std::vector<uint8_t> x(static_cast<size_t>(T * D) * es_);
     ConvertFromFloat(hidden, T * D, x.data());
     if (absl::Status status =
@@ -482,9 +479,10 @@ class CudaModelRunner final : public ModelRunner {
 
   // Grows the step buffers to hold `tokens` rows and `seqs` sequences.
   absl::Status Reserve(int64_t tokens, int64_t seqs) {
-    const int64_t bt = std::max(seqs * bt_stride_, tokens);
+    StepIndex most;  // the largest layout a step within these sizes can take
+    most.Layout(tokens, tokens, seqs, seqs * max_bt_width_);
     const bool grow_rows = tokens > cap_tokens_;
-    const bool grow_idx = grow_rows || seqs > cap_seqs_ || bt > ix_.bt_entries;
+    const bool grow_idx = grow_rows || seqs > cap_seqs_ || most.total > cap_idx_;
     if (!grow_rows && !grow_idx) return absl::OkStatus();
     if (cap_tokens_ > 0) DropGraphs();  // they captured the old addresses
     if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "sync before growing buffers"); !status.ok())
@@ -506,6 +504,8 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = last_.Allocate(Sq * D * es_, "last rows"); !status.ok()) return status;
       if (absl::Status status = logits_.Allocate(Sq * c_.vocab * es_, "logits"); !status.ok()) return status;
       if (absl::Status status = hlogits_.Allocate(Sq * c_.vocab * es_); !status.ok()) return status;
+      if (absl::Status status = greedy_.Allocate(Sq * sizeof(int32_t), "greedy tokens"); !status.ok()) return status;
+      if (absl::Status status = hgreedy_.Allocate(Sq * sizeof(int32_t)); !status.ok()) return status;
       const size_t ws = cuda::PagedAttentionWorkspaceBytes(cuda::kPagedMaxSplitRows, static_cast<int>(c_.q_heads),
                                                            static_cast<int>(c_.head_dim), 2);
       if (ws_.bytes() == 0)
@@ -513,30 +513,54 @@ class CudaModelRunner final : public ModelRunner {
       cap_tokens_ = T;
       cap_seqs_ = Sq;
     }
-    ix_.Layout(T, Sq, std::max(bt, ix_.bt_entries));
-    if (absl::Status status = didx_.Allocate(ix_.total * sizeof(int32_t), "step indices"); !status.ok()) return status;
-    if (absl::Status status = hidx_.Allocate(ix_.total * sizeof(int32_t)); !status.ok()) return status;
-    std::memset(hidx_.as<int32_t>(), 0, ix_.total * sizeof(int32_t));
+    most.Layout(T, T, Sq, Sq * max_bt_width_);
+    cap_idx_ = std::max(cap_idx_, most.total);
+    if (absl::Status status = didx_.Allocate(cap_idx_ * sizeof(int32_t), "step indices"); !status.ok()) return status;
+    if (absl::Status status = hidx_.Allocate(cap_idx_ * sizeof(int32_t)); !status.ok()) return status;
+    std::memset(hidx_.as<int32_t>(), 0, cap_idx_ * sizeof(int32_t));
     return absl::OkStatus();
   }
 
-  absl::Status Upload(int64_t offset, int64_t count) {
-    if (count <= 0) return absl::OkStatus();
-    return Cuda(cudaMemcpyAsync(didx_.as<int32_t>() + offset, hidx_.as<int32_t>() + offset, count * sizeof(int32_t),
+  // The step's indices (layout ix_), one host-to-device copy.
+  absl::Status UploadIndices() {
+    return Cuda(cudaMemcpyAsync(didx_.get(), hidx_.as<int32_t>(), ix_.total * sizeof(int32_t),
                                 cudaMemcpyHostToDevice, stream_),
                 "step index upload");
   }
 
-  absl::Status DownloadLogits(int64_t B, std::vector<float>* logits) {
-    const int64_t n = B * c_.vocab;
-    if (absl::Status status =
-            Cuda(cudaMemcpyAsync(hlogits_.as<uint8_t>(), logits_.get(), n * es_, cudaMemcpyDeviceToHost, stream_),
-                 "logits download");
+  // Copies out the greedy tokens and the logits rows that are wanted, then
+  // waits for the step.
+  absl::Status Download(const std::vector<SeqForward>& batch, ForwardOutput* out) {
+    const int64_t B = static_cast<int64_t>(batch.size()), V = c_.vocab;
+    if (absl::Status status = Cuda(cudaMemcpyAsync(hgreedy_.as<int32_t>(), greedy_.get(), B * sizeof(int32_t),
+                                                   cudaMemcpyDeviceToHost, stream_),
+                                   "greedy download");
         !status.ok())
       return status;
+    // Runs of consecutive wanted rows, one copy each.
+    for (int64_t b = 0; b < B;) {
+      if (!batch[b].want_logits) {
+        ++b;
+        continue;
+      }
+      int64_t e = b;
+      while (e < B && batch[e].want_logits) ++e;
+      if (absl::Status status = Cuda(cudaMemcpyAsync(hlogits_.as<uint8_t>() + b * V * es_,
+                                                     logits_.as<uint8_t>() + b * V * es_, (e - b) * V * es_,
+                                                     cudaMemcpyDeviceToHost, stream_),
+                                     "logits download");
+          !status.ok())
+        return status;
+      b = e;
+    }
     if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "forward step"); !status.ok()) return status;
-    logits->resize(n);
-    ConvertToFloat(hlogits_.as<uint8_t>(), n, logits->data());
+    out->greedy.assign(hgreedy_.as<int32_t>(), hgreedy_.as<int32_t>() + B);
+    // Sized only when a row is wanted: a greedy step must not clear B x vocab floats.
+    const bool any = std::any_of(batch.begin(), batch.end(), [](const SeqForward& f) { return f.want_logits; });
+    out->logits.resize(any ? B * V : 0);
+    for (int64_t b = 0; b < B; ++b) {
+      if (batch[b].want_logits) ConvertToFloat(hlogits_.as<uint8_t>() + b * V * es_, V, out->logits.data() + b * V);
+    }
     return absl::OkStatus();
   }
 
@@ -588,7 +612,10 @@ class CudaModelRunner final : public ModelRunner {
                    "last rows");
         !status.ok())
       return status;
-    return Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get());
+    if (absl::Status status = Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get()); !status.ok())
+      return status;
+    return ToAbsl(cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), stream_),
+                  "greedy argmax");
   }
 
   // Layers [first, end) over x_[0]; the residual ends in x_[0] again and h
@@ -714,7 +741,7 @@ class CudaModelRunner final : public ModelRunner {
       p.k_cache = KCache(l);
       p.v_cache = VCache(l);
       p.block_tables = Idx(ix_.block_tables);
-      p.bt_stride = static_cast<int>(bt_stride_);
+      p.bt_stride_ptr = Idx(ix_.bt_width);
       p.block_size = static_cast<int>(block_size_);
     }
     return ToAbsl(cuda::LaunchPagedAttention(p, st.splits, ws_.get(), stream_), "paged attention");
@@ -738,7 +765,9 @@ class CudaModelRunner final : public ModelRunner {
       return status;
     std::map<int64_t, Graph> made;
     for (int64_t b = 1; b <= max_b; b *= 2) {
+      ix_.Layout(b, b, b, b);
       int32_t* h = hidx_.as<int32_t>();
+      h[ix_.bt_width] = 1;
       for (int64_t i = 0; i < b; ++i) {
         h[ix_.tokens + i] = 0;
         h[ix_.positions + i] = 0;
@@ -748,15 +777,15 @@ class CudaModelRunner final : public ModelRunner {
         h[ix_.ctx + i] = 1;
         h[ix_.seq_lens + i] = 1;
         h[ix_.last_rows + i] = static_cast<int32_t>(i);
-        h[ix_.block_tables + i * bt_stride_] = static_cast<int32_t>(num_blocks_);
+        h[ix_.block_tables + i] = static_cast<int32_t>(num_blocks_);
       }
-      if (absl::Status status = Upload(0, ix_.total); !status.ok()) return status;
+      if (absl::Status status = UploadIndices(); !status.ok()) return status;
       Step st;
       st.T = st.B = st.R = b;
       // Split count fixed per bucket (each row cuts its own context in that
       // many parts), chosen for a long context.
       st.splits = cuda::PagedAttentionSplits(static_cast<int>(b), static_cast<int>(c_.kv_heads),
-                                             static_cast<int>(bt_stride_ * block_size_), sm_count_);
+                                             static_cast<int>(max_bt_width_ * block_size_), sm_count_);
       if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
       if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "graph warm-up step"); !status.ok()) return status;
       Graph g;
@@ -795,13 +824,16 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer cos_sin_;
   int64_t table_rows_ = 0;
 
-  int64_t num_blocks_ = 0, block_size_ = 0, layer_slots_ = 0, bt_stride_ = 0;
+  int64_t num_blocks_ = 0, block_size_ = 0, layer_slots_ = 0, max_bt_width_ = 0;
   DeviceBuffer k_cache_, v_cache_;
 
   int64_t cap_tokens_ = 0, cap_seqs_ = 0;
   DeviceBuffer x_[2], h_, tmp_, qkv_, q_, k_, v_, ao_, gu_, act_, last_, logits_, ws_;
   HostBuffer hlogits_;
-  StepIndex ix_;
+  DeviceBuffer greedy_;
+  HostBuffer hgreedy_;
+  StepIndex ix_;       // the current step's layout
+  int64_t cap_idx_ = 0;  // int32 elements didx_/hidx_ hold
   DeviceBuffer didx_;
   HostBuffer hidx_;
 

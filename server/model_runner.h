@@ -27,6 +27,17 @@ struct SeqForward {
   int64_t start = 0;
   const int32_t* block_table = nullptr;  // [num_blocks]
   int64_t num_blocks = 0;
+  // The sequence's logits row is needed (sampling); greedy sequences need
+  // only the argmax, which a GPU runner finds without copying the row out.
+  bool want_logits = true;
+};
+
+// What one forward step returns for each sequence of the batch.
+struct ForwardOutput {
+  // [B] argmax of each sequence's last-token logits, lowest index among ties.
+  std::vector<int32_t> greedy;
+  // [B, vocab] when some sequence wants logits (other rows unset), else empty.
+  std::vector<float> logits;
 };
 
 class ModelRunner {
@@ -43,9 +54,11 @@ class ModelRunner {
   virtual absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) = 0;
 
   // Runs every layer over the batch (causal; prefill chunks and single decode
-  // tokens mixed), writes the new K/V into the cache and returns the logits
-  // of each sequence's last new token: logits [batch.size(), vocab].
-  virtual absl::Status Forward(const std::vector<SeqForward>& batch, std::vector<float>* logits) = 0;
+  // tokens mixed), writes the new K/V into the cache and returns, for each
+  // sequence's last new token, the greedy token and (where wanted) the logits.
+  virtual absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) = 0;
+  // Forward with every logits row: logits [batch.size(), vocab].
+  absl::Status ForwardLogits(std::vector<SeqForward> batch, std::vector<float>* logits);
 
   // TransformerBlock: layers [first, first + n) over B whole sequences of S
   // tokens, causal within each sequence, no cache kept.

@@ -133,13 +133,20 @@ struct GemvParams {
 
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
 
+// Each warp owns one unit (a pair of weight rows, or a gate/up pair) at a
+// time; with split > 1, `split` consecutive warps share a unit, each
+// streaming every split-th 128-vector chunk of K, and add their partial sums
+// through shared memory. Splitting is for small N (o_proj, down, qkv of a 1B
+// model): one warp per unit left 8 warps per SM, too few bytes in flight to
+// reach HBM bandwidth.
 template <typename T, int kM, bool kSwiglu>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int64_t units_per_warp) {
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int64_t units_per_warp, int split) {
   using V = Vec16<T>;
-  const int lane = threadIdx.x & 31;
+  __shared__ float partial[kGemvWarps][kM][2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int slice = warp % split;
   const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * units_per_warp;
-  const int64_t last = min(units, first + units_per_warp);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * units_per_warp;
   // Programmatic dependent launch: wait for the previous kernel's writes (a
   // no-op when launched normally), then let the next kernel start launching.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -147,44 +154,49 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
   const int64_t nvec = p.K / V::kN;
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
   T* y = static_cast<T*>(p.y);
-  for (int64_t unit = first; unit < last; ++unit) {
+  // The same trip count for every warp of the block (the split barrier).
+  for (int64_t k = 0; k < units_per_warp; ++k) {
+    const int64_t unit = first + k;
+    const bool live = unit < units;
     // The two weight rows of this unit and whether the second exists.
     const int64_t r0 = kSwiglu ? unit : 2 * unit;
     const int64_t r1 = kSwiglu ? unit + p.N : 2 * unit + 1;
     const bool has1 = kSwiglu || r1 < p.N;
-    const uint4* w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
-    const uint4* w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (has1 ? r1 : r0) * p.K);
 
     float acc[kM][2];
 #pragma unroll
     for (int m = 0; m < kM; ++m) acc[m][0] = acc[m][1] = 0.0f;
 
-    for (int64_t base = lane; base < nvec; base += 32 * kGemvUnroll) {
-      uint4 a[kGemvUnroll], b[kGemvUnroll];
+    if (live) {
+      const uint4* w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
+      const uint4* w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (has1 ? r1 : r0) * p.K);
+      for (int64_t base = lane + slice * 32 * kGemvUnroll; base < nvec; base += 32 * kGemvUnroll * split) {
+        uint4 a[kGemvUnroll], b[kGemvUnroll];
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
-        const int64_t i = base + 32 * u;
-        if (i < nvec) {
-          a[u] = LoadStream(w0 + i);
-          b[u] = LoadStream(w1 + i);
+        for (int u = 0; u < kGemvUnroll; ++u) {
+          const int64_t i = base + 32 * u;
+          if (i < nvec) {
+            a[u] = LoadStream(w0 + i);
+            b[u] = LoadStream(w1 + i);
+          }
         }
-      }
 #pragma unroll
-      for (int u = 0; u < kGemvUnroll; ++u) {
-        const int64_t i = base + 32 * u;
-        if (i < nvec) {
-          float fa[V::kN], fb[V::kN];
-          V::Load(a[u], fa);
-          V::Load(b[u], fb);
+        for (int u = 0; u < kGemvUnroll; ++u) {
+          const int64_t i = base + 32 * u;
+          if (i < nvec) {
+            float fa[V::kN], fb[V::kN];
+            V::Load(a[u], fa);
+            V::Load(b[u], fb);
 #pragma unroll
-          for (int m = 0; m < kM; ++m) {
-            if (m < p.M) {
-              float fx[V::kN];
-              V::Load(__ldg(xv + m * nvec + i), fx);
+            for (int m = 0; m < kM; ++m) {
+              if (m < p.M) {
+                float fx[V::kN];
+                V::Load(__ldg(xv + m * nvec + i), fx);
 #pragma unroll
-              for (int e = 0; e < V::kN; ++e) {
-                acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
-                acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
+                for (int e = 0; e < V::kN; ++e) {
+                  acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
+                  acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
+                }
               }
             }
           }
@@ -199,6 +211,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
         for (int off = 16; off > 0; off >>= 1) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], off);
       }
     }
+    if (split > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m) partial[warp][m][0] = acc[m][0], partial[warp][m][1] = acc[m][1];
+      }
+      __syncthreads();
+      if (slice == 0) {
+        for (int s = 1; s < split; ++s) {
+#pragma unroll
+          for (int m = 0; m < kM; ++m) acc[m][0] += partial[warp + s][m][0], acc[m][1] += partial[warp + s][m][1];
+        }
+      }
+      __syncthreads();
+    }
+    if (!live || slice != 0) continue;
     // Lane m writes row m's outputs.
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
@@ -227,6 +254,7 @@ CudaStatus LaunchGemvT(const GemvParams& p, bool pdl, cudaStream_t stream) {
   // same number of consecutive units (row pairs), so no block of a second
   // wave starts late and all warps drain together. (With one unit per warp,
   // the SwiGLU gate_up GEMV ran as 1.7 waves of 16 KB-per-warp blocks.)
+  // Units fewer than the resident warps are split over 2 or 4 warps.
   int device = 0, sms = 0, per_sm = 0;
   if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
   if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
@@ -236,9 +264,13 @@ CudaStatus LaunchGemvT(const GemvParams& p, bool pdl, cudaStream_t stream) {
     return s;
   const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
   const int64_t resident_warps = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kGemvWarps;
-  const int64_t units_per_warp = (units + resident_warps - 1) / resident_warps;
-  const int64_t warps = (units + units_per_warp - 1) / units_per_warp;
-  const int64_t blocks = (warps + kGemvWarps - 1) / kGemvWarps;
+  int split = 1;
+  while (split < kGemvWarps && units * split * 2 <= resident_warps) split *= 2;
+  const int64_t unit_slots = resident_warps / split;  // warp groups resident at once
+  const int64_t units_per_warp = (units + unit_slots - 1) / unit_slots;
+  const int64_t groups = (units + units_per_warp - 1) / units_per_warp;
+  const int64_t groups_per_block = kGemvWarps / split;
+  const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
   if (blocks > 0x7fffffff) return CudaStatus::Error("GEMV: N too large");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
@@ -249,7 +281,7 @@ CudaStatus LaunchGemvT(const GemvParams& p, bool pdl, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, units_per_warp));
+  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, units_per_warp, split));
 }
 
 template <bool kSwiglu>

@@ -5,9 +5,11 @@
 //                        stores dense q/k/v and the cache rows.
 //   PagedAttentionKernel one CTA per (query row, kv head, context split); the
 //                        CTA's 128 threads form groups of D/8 lanes, each group
-//                        streams one key at a time (16-byte K and V loads per
-//                        lane) and keeps an online softmax for all the query
-//                        heads sharing that kv head (GQA: K/V read once), the
+//                        streams four keys per iteration (16-byte K and V loads
+//                        per lane, all issued before use, the next block-table
+//                        lookups in flight meanwhile) and keeps an online
+//                        softmax for all the query heads sharing that kv head
+//                        (GQA: K/V read once), the
 //                        groups are merged through shared memory at the end.
 //   PagedCombineKernel   merges the splits' (max, sum, acc) per (row, head).
 // The CPU reference of all of them is the CPU model runner
@@ -85,13 +87,17 @@ __global__ void RopeKvKernel(RopeKvParams p) {
   }
 }
 
-template <typename T, int D>
+// kG: query heads per kv head the CTA holds in registers (a power of two
+// >= Hq / Hkv), so a GQA-4 model does not pay registers for 8.
+template <typename T, int D, int kG>
 __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionParams p, float* ws_acc,
                                                                  float2* ws_ml) {
   constexpr int kLanes = D / 8;               // lanes per key, 8 elements each
-  constexpr int kGroups = kThreads / kLanes;  // keys in flight per CTA
-  __shared__ float sm_acc[kGroups][kMaxGroup][D];
-  __shared__ float2 sm_ml[kGroups][kMaxGroup];
+  constexpr int kGroups = kThreads / kLanes;  // lane groups per CTA
+  constexpr int kU = 4;                       // keys per group per iteration (loads in flight)
+  constexpr int kStep = kGroups * kU;         // keys per CTA iteration
+  __shared__ float sm_acc[kGroups][kG][D];
+  __shared__ float2 sm_ml[kGroups][kG];
   PdlEnter();
   const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int G = p.Hq / p.Hkv;
@@ -99,13 +105,23 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
   const int part = (ctx + splits - 1) / splits;
   const int kbeg = split * part, kend = min(ctx, kbeg + part);
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, d0 = lane * 8;
+  const int bs = p.block_size;
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride);
+  const T* Kc = static_cast<const T*>(p.k_cache);
+  const T* Vc = static_cast<const T*>(p.v_cache);
+  // Element offset of key j's (kv head hk, lane) vector in the cache.
+  auto offset_of = [&](int j) -> int64_t {
+    if (j >= kend) return -1;
+    const int64_t slot = static_cast<int64_t>(bt[j / bs]) * bs + j % bs;
+    return (slot * p.Hkv + hk) * D + d0;
+  };
 
   // q pre-scaled by scale * log2(e): the softmax runs in base 2.
-  float q[kMaxGroup][8];
+  float q[kG][8];
   const float qs = p.scale * kLog2e;
   const T* Q = static_cast<const T*>(p.q);
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     if (g < G) {
       Vec<T, 8> v;
       v.Load(Q + (static_cast<int64_t>(tok) * p.Hq + hk * G + g) * D + d0);
@@ -118,57 +134,83 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
       for (int e = 0; e < 8; ++e) q[g][e] = 0.0f;
     }
   }
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][8];
+  float m[kG], l[kG], acc[kG][8];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
   }
 
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * p.bt_stride;
-  const T* Kc = static_cast<const T*>(p.k_cache);
-  const T* Vc = static_cast<const T*>(p.v_cache);
-  // Uniform trip count over the CTA: the group shuffles need every lane.
-  for (int jb = kbeg; jb < kend; jb += kGroups) {
-    const int j = jb + grp;
-    const bool valid = j < kend;
-    float kf[8], vf[8];
-    if (valid) {
-      const int64_t slot = static_cast<int64_t>(bt[j / p.block_size]) * p.block_size + j % p.block_size;
-      const int64_t off = (slot * p.Hkv + hk) * D + d0;
-      Vec<T, 8> kv, vv;
-      kv.Load(Kc + off);
-      vv.Load(Vc + off);
-      kv.ToFloats(kf);
-      vv.ToFloats(vf);
-    } else {
+  // Software pipeline: the block-table lookups of the next iteration are
+  // issued while this iteration's K/V loads are in flight.
+  int64_t off[kU];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.0f;
+  for (int u = 0; u < kU; ++u) off[u] = offset_of(kbeg + u * kGroups + grp);
+  // Uniform trip count over the CTA: the group shuffles need every lane.
+  for (int jb = kbeg; jb < kend; jb += kStep) {
+    Vec<T, 8> kv[kU] = {}, vv[kU] = {};
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (off[u] >= 0) {
+        kv[u].Load(Kc + off[u]);
+        vv[u].Load(Vc + off[u]);
+      }
+    }
+    bool valid[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      valid[u] = off[u] >= 0;
+      off[u] = offset_of(jb + kStep + u * kGroups + grp);
+    }
+    // Scores of the kU keys for every head first, then one rescale per head
+    // per iteration (not per key).
+    float sc[kU][kG];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float kf[8];
+      kv[u].ToFloats(kf);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) d = fmaf(q[g][e], kf[e], d);
+        d = GroupReduce(d, SumOp{}, kLanes);
+        sc[u][g] = valid[u] ? d : -INFINITY;
+      }
     }
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < G) {
-        float s = 0.0f;
+    for (int g = 0; g < kG; ++g) {
+      if (g >= G) continue;
+      float mn = m[g];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s += q[g][e] * kf[e];
-        s = GroupReduce(s, SumOp{}, kLanes);
-        if (valid) {
-          const float mn = fmaxf(m[g], s);
-          const float corr = exp2f(m[g] - mn);
-          const float pr = exp2f(s - mn);
-          l[g] = l[g] * corr + pr;
+      for (int u = 0; u < kU; ++u) mn = fmaxf(mn, sc[u][g]);
+      if (mn == -INFINITY) continue;  // no valid key yet
+      const float corr = exp2f(m[g] - mn);
+      l[g] *= corr;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * corr + pr * vf[e];
-          m[g] = mn;
-        }
+      for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+      m[g] = mn;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (!valid[u]) continue;
+      float vf[8];
+      vv[u].ToFloats(vf);
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        if (g >= G) continue;
+        const float pr = exp2f(sc[u][g] - m[g]);
+        l[g] += pr;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pr, vf[e], acc[g][e]);
       }
     }
   }
 
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
+  for (int g = 0; g < kG; ++g) {
     if (g < G) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) sm_acc[grp][g][d0 + e] = acc[g][e];
@@ -200,27 +242,37 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
   }
 }
 
-// One CTA of D threads per (row, q head).
+// One CTA of max(D, 32) threads per (row, q head): every warp reads the
+// (max, sum) of all splits (<= 32, one per lane) and reduces them with
+// shuffles; thread d then sums split s's acc[d] scaled by split s's weight,
+// loads independent of each other (a serial max-then-sum loop over the
+// splits took ~16 us a launch at 32 splits).
 template <typename T>
 __global__ void PagedCombineKernel(PagedAttentionParams p, int splits, const float* ws_acc, const float2* ws_ml) {
   PdlEnter();
-  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x, lane = threadIdx.x & 31;
   const int64_t base = (static_cast<int64_t>(r) * p.Hq + h) * splits;
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws_ml[base + s].x);
-  float L = 0.0f, A = 0.0f;
+  const float2 ml = lane < splits ? ws_ml[base + lane] : make_float2(-INFINITY, 0.0f);
+  float M = ml.x;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
+  float L = ml.y * w;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+  float A = 0.0f;
+  const bool live = d < p.D;
+#pragma unroll 8
   for (int s = 0; s < splits; ++s) {
-    const float2 ml = ws_ml[base + s];
-    if (ml.x == -INFINITY) continue;
-    const float w = exp2f(ml.x - M);
-    L += ml.y * w;
-    A += ws_acc[(base + s) * p.D + d] * w;
+    const float ws = __shfl_sync(0xffffffffu, w, s);
+    if (live) A = fmaf(ws, ws_acc[(base + s) * p.D + d], A);
   }
+  if (!live) return;
   T* O = static_cast<T*>(p.o);
   O[(static_cast<int64_t>(p.rows[r]) * p.Hq + h) * p.D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
 }
 
-template <typename T, int D>
+template <typename T, int D, int kG>
 CudaStatus LaunchPagedTyped(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream) {
   float* ws_acc = static_cast<float*>(workspace);
   float2* ws_ml = nullptr;
@@ -228,14 +280,24 @@ CudaStatus LaunchPagedTyped(const PagedAttentionParams& p, int splits, void* wor
     ws_ml = reinterpret_cast<float2*>(ws_acc + static_cast<int64_t>(p.R) * p.Hq * splits * D);
   }
   const dim3 grid(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(splits));
-  if (CudaStatus s = LaunchKernel(PagedAttentionKernel<T, D>, grid, dim3(kThreads), 0, stream, 1, p, ws_acc, ws_ml);
+  if (CudaStatus s =
+          LaunchKernel(PagedAttentionKernel<T, D, kG>, grid, dim3(kThreads), 0, stream, 1, p, ws_acc, ws_ml);
       !s.ok()) {
     return s;
   }
   if (splits == 1) return CudaStatus::Ok();
-  return LaunchKernel(PagedCombineKernel<T>, dim3(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hq)), dim3(D),
-                      0, stream, 1, p, splits, static_cast<const float*>(ws_acc),
+  return LaunchKernel(PagedCombineKernel<T>, dim3(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hq)),
+                      dim3(std::max(D, 32)), 0, stream, 1, p, splits, static_cast<const float*>(ws_acc),
                       static_cast<const float2*>(ws_ml));
+}
+
+template <typename T, int D>
+CudaStatus LaunchPagedGroups(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream) {
+  const int G = p.Hq / p.Hkv;
+  if (G <= 1) return LaunchPagedTyped<T, D, 1>(p, splits, workspace, stream);
+  if (G <= 2) return LaunchPagedTyped<T, D, 2>(p, splits, workspace, stream);
+  if (G <= 4) return LaunchPagedTyped<T, D, 4>(p, splits, workspace, stream);
+  return LaunchPagedTyped<T, D, kMaxGroup>(p, splits, workspace, stream);
 }
 
 }  // namespace
@@ -266,9 +328,11 @@ bool PagedAttentionSupported(int Hq, int Hkv, int D) {
 }
 
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
+  // The kernel is bound by memory latency, so it wants many CTAs in flight:
+  // about eight per SM, parts of at least ~64 keys, at most kPagedMaxSplits.
   const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(R) * Hkv);
-  int s = static_cast<int>(std::min<int64_t>(16, CeilDiv(2 * static_cast<int64_t>(sm_count), ctas)));
-  s = std::min(s, std::max(1, max_ctx / 64));  // parts of at least ~64 keys
+  int s = static_cast<int>(std::min<int64_t>(kPagedMaxSplits, CeilDiv(8 * static_cast<int64_t>(sm_count), ctas)));
+  s = std::min(s, std::max(1, max_ctx / 64));
   while (s > 1 && static_cast<int64_t>(R) * s > kPagedMaxSplitRows) --s;
   return std::max(s, 1);
 }
@@ -283,16 +347,16 @@ CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void*
   if (!PagedAttentionSupported(p.Hq, p.Hkv, p.D)) {
     return CudaStatus::Unsupported("paged attention: head dim must be 16/32/64/128 and Hq/Hkv <= 8");
   }
-  if (splits < 1 || splits > 65535) return CudaStatus::Error("paged attention: bad split count");
+  if (splits < 1 || splits > kPagedMaxSplits) return CudaStatus::Error("paged attention: bad split count");
   if (splits > 1 && workspace == nullptr) return CudaStatus::Error("paged attention: splits > 1 needs a workspace");
   CudaStatus st = CudaStatus::Unsupported(std::string("paged attention: unsupported dtype ") + DTypeName(p.dtype));
   DispatchFloatType(p.dtype, [&](auto t) {
     using T = decltype(t);
     switch (p.D) {
-      case 16: st = LaunchPagedTyped<T, 16>(p, splits, workspace, stream); break;
-      case 32: st = LaunchPagedTyped<T, 32>(p, splits, workspace, stream); break;
-      case 64: st = LaunchPagedTyped<T, 64>(p, splits, workspace, stream); break;
-      default: st = LaunchPagedTyped<T, 128>(p, splits, workspace, stream); break;
+      case 16: st = LaunchPagedGroups<T, 16>(p, splits, workspace, stream); break;
+      case 32: st = LaunchPagedGroups<T, 32>(p, splits, workspace, stream); break;
+      case 64: st = LaunchPagedGroups<T, 64>(p, splits, workspace, stream); break;
+      default: st = LaunchPagedGroups<T, 128>(p, splits, workspace, stream); break;
     }
   });
   return st;

@@ -56,6 +56,9 @@ struct PagedAttentionParams {
   const int32_t* ctx_lens = nullptr;    // [R] keys [0, ctx) are attended (causal: position + 1)
   const int32_t* block_tables = nullptr;  // [seqs, bt_stride] block ids
   int bt_stride = 0;
+  // When set, the stride is read on the device instead (a CUDA graph replays
+  // the launch for steps whose tables have different widths).
+  const int32_t* bt_stride_ptr = nullptr;
   int block_size = 0;
   int R = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0.0f;
@@ -63,8 +66,9 @@ struct PagedAttentionParams {
 
 // Head dims 16, 32, 64, 128; at most 8 query heads per kv head.
 bool PagedAttentionSupported(int Hq, int Hkv, int D);
-// Context splits for R rows: enough CTAs for about two per SM, at most 16,
-// and R * splits <= kPagedMaxSplitRows.
+// Context splits for R rows: enough CTAs for about eight per SM, at most
+// kPagedMaxSplits, and R * splits <= kPagedMaxSplitRows.
+constexpr int kPagedMaxSplits = 32;
 constexpr int kPagedMaxSplitRows = 1024;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
 // Scratch bytes for `splits` > 1 (0 for 1).

@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "server/engine_sampler.h"
 #include "server/model_cuda_runner.h"
 #include "server/model_runner.h"
 #include "server/model_weights.h"
@@ -134,8 +135,8 @@ TEST_P(ModelCudaTest, PrefillLogits) {
     batch.push_back(f);
   }
   std::vector<float> lc, lg;
-  ASSERT_TRUE(p.cpu->Forward(batch, &lc).ok());
-  absl::Status s = p.gpu->Forward(batch, &lg);
+  ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
+  absl::Status s = p.gpu->ForwardLogits(batch, &lg);
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(lc.size(), lg.size());
   for (size_t i = 0; i < lens.size(); ++i) {
@@ -156,8 +157,8 @@ TEST_P(ModelCudaTest, PrefillLogits) {
     f.tokens = long_seq.tokens.data() + f.start;
     f.block_table = blocks2.data();
     f.num_blocks = static_cast<int64_t>(blocks2.size());
-    ASSERT_TRUE(p.cpu->Forward({f}, &l1c).ok());
-    s = p.gpu->Forward({f}, &l1g);
+    ASSERT_TRUE(p.cpu->ForwardLogits({f}, &l1c).ok());
+    s = p.gpu->ForwardLogits({f}, &l1g);
     ASSERT_TRUE(s.ok()) << s;
   }
   const double e = RelErrorNorm(l1g.data(), l1c.data(), c.vocab);
@@ -200,10 +201,23 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
       batch.push_back(f);
       active.push_back(i);
     }
-    std::vector<float> lc, lg;
-    ASSERT_TRUE(p.cpu->Forward(batch, &lc).ok());
-    absl::Status st = p.gpu->Forward(batch, &lg);
+    std::vector<float> lc;
+    ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
+    ForwardOutput with, without;
+    absl::Status st = p.gpu->Forward(batch, &with);
     ASSERT_TRUE(st.ok()) << st;
+    // The same step again (it rewrites the same cache rows) without logits:
+    // the device argmax alone.
+    for (SeqForward& f : batch) f.want_logits = false;
+    st = p.gpu->Forward(batch, &without);
+    ASSERT_TRUE(st.ok()) << st;
+    const std::vector<float>& lg = with.logits;
+    ASSERT_EQ(lg.size(), lc.size());
+    for (size_t b = 0; b < active.size(); ++b) {
+      // Device argmax == host argmax of the same logits, with or without the copy.
+      EXPECT_EQ(with.greedy[b], GreedyToken(lg.data() + b * c.vocab, c.vocab)) << "step " << step;
+      EXPECT_EQ(without.greedy[b], with.greedy[b]) << "step " << step;
+    }
     for (size_t b = 0; b < active.size(); ++b) {
       const float* rc = lc.data() + b * c.vocab;
       const float* rg = lg.data() + b * c.vocab;

@@ -87,11 +87,11 @@ TEST(CpuRunnerTest, PagedForwardMatchesWholeSequencePath) {
   std::vector<int32_t> table1 = {0, 1, 2}, table2 = {7, 3, 11};  // scattered blocks
 
   std::vector<float> full;
-  ASSERT_TRUE(runner->Forward({SeqForward{tokens.data(), n, 0, table1.data(), 3}}, &full).ok());
+  ASSERT_TRUE(runner->ForwardLogits({SeqForward{tokens.data(), n, 0, table1.data(), 3}}, &full).ok());
   std::vector<float> step;
-  ASSERT_TRUE(runner->Forward({SeqForward{tokens.data(), 6, 0, table2.data(), 3}}, &step).ok());
+  ASSERT_TRUE(runner->ForwardLogits({SeqForward{tokens.data(), 6, 0, table2.data(), 3}}, &step).ok());
   for (int64_t p = 6; p < n; ++p) {
-    ASSERT_TRUE(runner->Forward({SeqForward{tokens.data() + p, 1, p, table2.data(), 3}}, &step).ok());
+    ASSERT_TRUE(runner->ForwardLogits({SeqForward{tokens.data() + p, 1, p, table2.data(), 3}}, &step).ok());
   }
   ASSERT_EQ(full.size(), static_cast<size_t>(c.vocab));
   EXPECT_EQ(full, step);  // same loops, same order: bit-identical

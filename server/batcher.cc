@@ -303,8 +303,22 @@ class Batcher : public OpScheduler {
     std::optional<BatchShape> shape = BatchShapeOf(task.request);
     const std::string op = task.request.op;
     const BatchPolicy& policy = options_.policy(op);
-    absl::MutexLock lock(&mu_);
+    const bool may_inline = RunsInline(task.request, options_.inline_max_bytes);
+    absl::ReleasableMutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("server is shutting down");
+    if (may_inline && queued_ == 0 && running_ == 0) {
+      // The backend is idle and nothing waits: the launch rule would start
+      // this request at once; start it here instead of waking a worker.
+      // Counted in running_ like a worker's launch; Launch releases it. Only
+      // from idle, so at most one gRPC thread is ever busy with a launch and
+      // under load requests still reach the queue (and batch).
+      ++running_;
+      lock.Release();
+      std::vector<Pending> batch;
+      batch.push_back(Pending{std::move(task), shape ? shape->rows : 1});
+      Launch(std::move(batch));
+      return absl::OkStatus();
+    }
     if (queued_ >= options_.max_queue) {
       return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", options_.max_queue,
                                                        " queued); retry later"));
@@ -340,6 +354,9 @@ class Batcher : public OpScheduler {
     }
     for (std::thread& t : workers_) t.join();
     workers_.clear();
+    // Inline launches still on gRPC threads.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](Batcher* b) { return b->running_ == 0; }, this));
   }
 
  private:

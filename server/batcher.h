@@ -60,6 +60,11 @@ struct BatcherOptions {
   // one launch at a time), the worker count for the CPU reference.
   int parallel_launches = 1;
   int max_queue = 1024;      // queued requests (all ops) before RESOURCE_EXHAUSTED
+  // A request that RunsInline(request, inline_max_bytes) accepts and that
+  // finds the batcher idle (nothing queued, no launch running) is launched
+  // alone on the submitting (gRPC) thread, before Submit returns: the launch
+  // the policy makes at once anyway, minus the hand-off to a worker. 0 disables.
+  int64_t inline_max_bytes = 0;
   BatchPolicy defaults;
   std::map<std::string, BatchPolicy> per_op;  // overrides, by op name
 

@@ -65,6 +65,10 @@ ABSL_FLAG(int, max_message_bytes, 512 << 20, "Largest gRPC message accepted or s
 ABSL_FLAG(int64_t, max_tensor_elements, int64_t{1} << 28, "Largest tensor accepted, elements");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, inline_max_bytes, 0,
+          "Row-wise FusedOps (norms, softmax, activations, rope) with at most this many input bytes run on the gRPC "
+          "thread that received them when the scheduler is idle (nothing queued or running): no hand-off to a "
+          "worker. Lowers c=1 latency; costs batching under load (gRPC threads compute). 0 (default) disables");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for the gRPC port; with --tls_key enables TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -150,6 +154,7 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> MakeScheduler(Backend* backend, Met
   BatcherOptions o;
   o.threads = direct.threads;
   o.max_queue = direct.max_queue;
+  o.inline_max_bytes = direct.inline_max_bytes;
   o.parallel_launches = absl::GetFlag(FLAGS_batch_parallel_launches);
   if (o.parallel_launches <= 0) o.parallel_launches = backend->name() == "cuda" ? 1 : direct.threads;
   o.defaults.max_rows = absl::GetFlag(FLAGS_batch_max_rows);
@@ -242,6 +247,7 @@ int Run(const std::string& mode) {
     sched.threads = (*backend)->name() == "cuda" ? 2 : static_cast<int>(std::thread::hardware_concurrency());
   }
   sched.max_queue = absl::GetFlag(FLAGS_max_queue);
+  sched.inline_max_bytes = absl::GetFlag(FLAGS_inline_max_bytes);
   absl::StatusOr<std::unique_ptr<OpScheduler>> made_scheduler = MakeScheduler(backend->get(), &metrics, sched);
   if (!made_scheduler.ok()) {
     LogError(std::string(made_scheduler.status().message()));

@@ -20,7 +20,8 @@ struct OpTask {
   absl::Time enqueued;
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // may be empty
-  // Called exactly once, from a worker thread, if Submit succeeded.
+  // Called exactly once if Submit succeeded: from a worker thread, or from
+  // inside Submit when the request runs inline (see RunsInline).
   std::function<void(absl::StatusOr<TensorMap>)> done;
 };
 
@@ -37,7 +38,16 @@ class OpScheduler {
 struct DirectSchedulerOptions {
   int threads = 4;        // concurrent backend calls
   int max_queue = 1024;   // queued requests before RESOURCE_EXHAUSTED
+  // Requests that RunsInline accepts run on the submitting (gRPC) thread when
+  // the scheduler is idle (nothing queued or running): no hand-off to a
+  // worker. 0 disables.
+  int64_t inline_max_bytes = 0;
 };
+
+// Whether `request` is cheap enough to run on a gRPC thread: a memory-bound
+// row-wise op (norms, softmax, activations, rope) whose inputs total at most
+// max_bytes. GEMMs and attention always go to the workers.
+bool RunsInline(const OpRequest& request, int64_t max_bytes);
 
 std::unique_ptr<OpScheduler> MakeDirectScheduler(Backend* backend, Metrics* metrics,
                                                  const DirectSchedulerOptions& options);

@@ -511,14 +511,27 @@ TEST_F(BatcherTest, ShutdownRunsWhatIsQueuedThenRefuses) {
   EXPECT_EQ(Submit(*s, r, &after).code(), absl::StatusCode::kUnavailable);
 }
 
-// Many threads, many shapes and ops at once: every answer is the caller's own.
-TEST(BatcherStress, ConcurrentCallersGetTheirOwnRows) {
+// Many threads, many shapes and ops at once: every answer is the caller's own
+// (batcher or direct scheduler; lone requests queued for a worker, or run
+// inline on the submitting thread).
+enum class Sched { kBatcher, kBatcherInline, kDirectInline };
+void StressConcurrentCallers(Sched kind) {
   Metrics metrics;
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
-  BatcherOptions o;
-  o.threads = 2;
-  o.defaults.max_delay_us = 300;
-  absl::StatusOr<std::unique_ptr<OpScheduler>> s = MakeBatcher(cpu.get(), &metrics, o);
+  const int64_t inline_bytes = kind == Sched::kBatcher ? 0 : int64_t{1} << 20;
+  absl::StatusOr<std::unique_ptr<OpScheduler>> s;
+  if (kind == Sched::kDirectInline) {
+    DirectSchedulerOptions d;
+    d.threads = 2;
+    d.inline_max_bytes = inline_bytes;
+    s = MakeDirectScheduler(cpu.get(), &metrics, d);
+  } else {
+    BatcherOptions o;
+    o.threads = 2;
+    o.defaults.max_delay_us = 300;
+    o.inline_max_bytes = inline_bytes;
+    s = MakeBatcher(cpu.get(), &metrics, o);
+  }
   ASSERT_TRUE(s.ok());
   const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
       {"rms_norm", {0, 64}}, {"softmax", {0, 32}}, {"rope", {0, 4, 2, 16}}, {"attention", {0, 2, 1, 8}}};
@@ -566,6 +579,66 @@ TEST(BatcherStress, ConcurrentCallersGetTheirOwnRows) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(bad.load(), 0);
 }
+
+TEST(BatcherStress, ConcurrentCallersGetTheirOwnRows) { StressConcurrentCallers(Sched::kBatcher); }
+TEST(BatcherStress, ConcurrentCallersGetTheirOwnRowsWithInlineRuns) { StressConcurrentCallers(Sched::kBatcherInline); }
+TEST(DirectSchedulerStress, ConcurrentCallersWithInlineRuns) { StressConcurrentCallers(Sched::kDirectInline); }
+
+// With inline_max_bytes, an idle scheduler answers a small row-wise request
+// on the submitting thread, before Submit returns; a GEMM or a request above
+// the limit still goes to a worker.
+void InlineRuns(bool batching) {
+  Metrics metrics;
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  absl::StatusOr<std::unique_ptr<OpScheduler>> s;
+  constexpr int64_t kLimit = 4096;
+  if (batching) {
+    BatcherOptions o;
+    o.inline_max_bytes = kLimit;
+    s = MakeBatcher(cpu.get(), &metrics, o);
+  } else {
+    DirectSchedulerOptions d;
+    d.inline_max_bytes = kLimit;
+    s = MakeDirectScheduler(cpu.get(), &metrics, d);
+  }
+  ASSERT_TRUE(s.ok());
+  auto ran_on = [&](const OpRequest& r) {
+    absl::Notification n;
+    std::thread::id id;
+    bool ok = false;
+    OpTask task;
+    task.request = r;
+    task.enqueued = absl::Now();
+    task.done = [&](absl::StatusOr<TensorMap> v) {
+      id = std::this_thread::get_id();
+      ok = v.ok();
+      n.Notify();
+    };
+    EXPECT_TRUE((*s)->Submit(std::move(task)).ok());
+    const bool answered_in_submit = n.HasBeenNotified();
+    n.WaitForNotification();
+    EXPECT_TRUE(ok);
+    EXPECT_EQ(answered_in_submit, id == std::this_thread::get_id());
+    return id;
+  };
+  const std::thread::id me = std::this_thread::get_id();
+  EXPECT_EQ(ran_on(MakeRandomRequest("rms_norm", DType::kF32, {2, 16}, 3)), me);
+  EXPECT_NE(ran_on(MakeRandomRequest("rms_norm", DType::kF32, {64, 64}, 4)), me);  // 16 KiB > limit
+  EXPECT_NE(ran_on(MakeRandomRequest("linear", DType::kF32, {2, 4, 4}, 5)), me);   // GEMMs never inline
+  // A deadline that passed is still answered DEADLINE_EXCEEDED, inline too.
+  OpTask late;
+  late.request = MakeRandomRequest("rms_norm", DType::kF32, {2, 16}, 6);
+  late.enqueued = absl::Now();
+  late.deadline = absl::Now() - absl::Milliseconds(1);
+  absl::StatusCode code = absl::StatusCode::kOk;
+  late.done = [&](absl::StatusOr<TensorMap> v) { code = v.status().code(); };
+  ASSERT_TRUE((*s)->Submit(std::move(late)).ok());
+  (*s)->Shutdown();
+  EXPECT_EQ(code, absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(InlineRuns, BatcherRunsSmallRowWiseRequestsOnTheCallersThread) { InlineRuns(true); }
+TEST(InlineRuns, DirectSchedulerRunsSmallRowWiseRequestsOnTheCallersThread) { InlineRuns(false); }
 
 }  // namespace
 }  // namespace fusedserve

@@ -578,7 +578,7 @@ class CudaModelRunner final : public ModelRunner {
     a.x = x;
     a.w = w;
     a.y = y;
-    if (GemvSupported(dt_, M, K, x, w)) return ToAbsl(LaunchGemv(a, /*after_gemv=*/false, stream_), "gemv");
+    if (GemvSupported(dt_, M, K, x, w)) return ToAbsl(LaunchGemv(a, stream_), "gemv");
     return ToAbsl(GemmForward(a, 0, stream_), "gemm");
   }
 

@@ -78,7 +78,7 @@ CudaStatus RunLinear(const OpRequest& host, const DeviceTensorMap& in, const Dev
   const std::string config = Config(ctx, host, g.dtype);
   const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
   const bool use_gemv = gemv_ok && (config == "gemv" || (config.empty() && g.M <= kGemvAutoMaxM));
-  if (use_gemv) return LaunchGemv(g, /*after_gemv=*/false, ctx.stream);
+  if (use_gemv) return LaunchGemv(g, ctx.stream);
   return GemmForward(g, ParseInt(ConfigValue(config, "algo"), 0), ctx.stream);
 }
 
@@ -125,7 +125,7 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
   g2.w = down.data;
   g2.y = y;
   if (use_gemv && GemvSupported(dt, M, I, h, down.data)) {
-    return LaunchGemv(g2, /*after_gemv=*/true, ctx.stream);
+    return LaunchGemv(g2, ctx.stream);
   }
   return GemmForward(g2, 0, ctx.stream);
 }

@@ -147,11 +147,37 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
   const int slice = warp % split;
   const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * units_per_warp;
-  // Programmatic dependent launch: wait for the previous kernel's writes (a
-  // no-op when launched normally), then let the next kernel start launching.
+  const int64_t nvec = p.K / V::kN;
+  const int64_t base0 = lane + slice * 32 * kGemvUnroll;  // this lane's first vector of a row
+  // The two weight rows of a unit (the second may not exist: r1 == N).
+  auto rows_of = [&](int64_t unit, const uint4*& w0, const uint4*& w1) {
+    const int64_t r0 = kSwiglu ? unit : 2 * unit;
+    const int64_t r1 = kSwiglu ? unit + p.N : 2 * unit + 1;
+    w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
+    w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (kSwiglu || r1 < p.N ? r1 : r0) * p.K);
+  };
+  uint4 a[kGemvUnroll], b[kGemvUnroll];
+  auto load = [&](const uint4* w0, const uint4* w1, int64_t base) {
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int64_t i = base + 32 * u;
+      if (i < nvec) {
+        a[u] = LoadStream(w0 + i);
+        b[u] = LoadStream(w1 + i);
+      }
+    }
+  };
+  // The weights never depend on the previous kernel: the first chunk goes
+  // out before the programmatic-dependent-launch wait, so its HBM round trip
+  // overlaps the previous kernel's tail. Then wait for the previous kernel's
+  // writes (x) and let the next kernel start launching.
+  if (first < units) {
+    const uint4 *w0, *w1;
+    rows_of(first, w0, w1);
+    load(w0, w1, base0);
+  }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  const int64_t nvec = p.K / V::kN;
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
   T* y = static_cast<T*>(p.y);
   // The same trip count for every warp of the block (the split barrier).
@@ -168,18 +194,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
     for (int m = 0; m < kM; ++m) acc[m][0] = acc[m][1] = 0.0f;
 
     if (live) {
-      const uint4* w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
-      const uint4* w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (has1 ? r1 : r0) * p.K);
-      for (int64_t base = lane + slice * 32 * kGemvUnroll; base < nvec; base += 32 * kGemvUnroll * split) {
-        uint4 a[kGemvUnroll], b[kGemvUnroll];
-#pragma unroll
-        for (int u = 0; u < kGemvUnroll; ++u) {
-          const int64_t i = base + 32 * u;
-          if (i < nvec) {
-            a[u] = LoadStream(w0 + i);
-            b[u] = LoadStream(w1 + i);
-          }
-        }
+      const uint4 *w0, *w1;
+      rows_of(unit, w0, w1);
+      for (int64_t base = base0; base < nvec; base += 32 * kGemvUnroll * split) {
+        if (k != 0 || base != base0) load(w0, w1, base);  // else loaded before the wait
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; ++u) {
           const int64_t i = base + 32 * u;
@@ -242,10 +260,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
   }
 }
 
-// pdl: launched as a programmatic dependent of the previous kernel on the
-// stream (only when that kernel is a GEMV of this file, which triggers it).
+// Launched as a programmatic dependent of the previous kernel (unless
+// FUSEDSERVE_PDL=0): its weight loads start during that kernel's tail.
 template <typename T, bool kSwiglu>
-CudaStatus LaunchGemvT(const GemvParams& p, bool pdl, cudaStream_t stream) {
+CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
   auto kernel = p.M <= 1   ? GemvKernel<T, 1, kSwiglu>
                 : p.M <= 2 ? GemvKernel<T, 2, kSwiglu>
                 : p.M <= 4 ? GemvKernel<T, 4, kSwiglu>
@@ -280,16 +298,16 @@ CudaStatus LaunchGemvT(const GemvParams& p, bool pdl, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = cuda::PdlEnabled() ? 1 : 0;
   return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, units_per_warp, split));
 }
 
 template <bool kSwiglu>
-CudaStatus LaunchGemvDtype(DType dtype, const GemvParams& p, bool pdl, cudaStream_t stream) {
+CudaStatus LaunchGemvDtype(DType dtype, const GemvParams& p, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kBF16: return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, pdl, stream);
-    case DType::kF16: return LaunchGemvT<__half, kSwiglu>(p, pdl, stream);
-    case DType::kF32: return LaunchGemvT<float, kSwiglu>(p, pdl, stream);
+    case DType::kBF16: return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, stream);
+    case DType::kF16: return LaunchGemvT<__half, kSwiglu>(p, stream);
+    case DType::kF32: return LaunchGemvT<float, kSwiglu>(p, stream);
     default: return CudaStatus::Error("GEMV: unsupported dtype");
   }
 }
@@ -381,11 +399,11 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
   return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0 && Aligned16(x) && Aligned16(w);
 }
 
-CudaStatus LaunchGemv(const GemmArgs& g, bool after_gemv, cudaStream_t stream) {
+CudaStatus LaunchGemv(const GemmArgs& g, cudaStream_t stream) {
   if (!GemvSupported(g.dtype, g.M, g.K, g.x, g.w)) return CudaStatus::Error("GEMV: unsupported problem");
   if (g.N == 0) return CudaStatus::Ok();
   const GemvParams p{g.x, g.w, g.bias, g.y, g.M, g.N, g.K, g.act};
-  return LaunchGemvDtype<false>(g.dtype, p, after_gemv, stream);
+  return LaunchGemvDtype<false>(g.dtype, p, stream);
 }
 
 CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
@@ -393,7 +411,7 @@ CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const 
   if (!GemvSupported(dtype, M, D, x, gate_up)) return CudaStatus::Error("GEMV SwiGLU: unsupported problem");
   if (I == 0) return CudaStatus::Ok();
   const GemvParams p{x, gate_up, nullptr, h, M, I, D, Activation::kNone};
-  return LaunchGemvDtype<true>(dtype, p, false, stream);
+  return LaunchGemvDtype<true>(dtype, p, stream);
 }
 
 }  // namespace fusedserve

@@ -35,11 +35,10 @@ constexpr int64_t kGemvMaxM = 8;
 // True when the GEMV path can run: M <= kGemvMaxM, K a multiple of the
 // 16-byte vector, x and w 16-byte aligned.
 bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w);
-// y = act(x . w^T + bias) for GemvSupported problems. after_gemv: the
-// previous kernel on the stream is a GEMV of this file; this one is then
-// launched as its programmatic dependent, so its launch overlaps that
-// kernel's tail (it still waits for all of that kernel's writes).
-CudaStatus LaunchGemv(const GemmArgs& args, bool after_gemv, cudaStream_t stream);
+// y = act(x . w^T + bias) for GemvSupported problems. Launched as the
+// programmatic dependent of the previous kernel: its first weight loads
+// overlap that kernel's tail (it still waits for all of its writes).
+CudaStatus LaunchGemv(const GemmArgs& args, cudaStream_t stream);
 // h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up], in one pass
 // over gate_up.   x [M,D]; gate_up [2I,D]; h [M,I]
 CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,

@@ -33,13 +33,25 @@ __global__ void __launch_bounds__(kThreads) ArgmaxRowsKernel(const T* logits, in
   PdlEnter();
   const T* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   Best b{__int_as_float(0x7fc00000), 0x7fffffff};  // NaN: beaten by any number
-  for (int i = threadIdx.x * kN; i < vocab; i += kThreads * kN) {
-    Vec<T, kN> x;
-    x.Load(row + i);
+  // kU vectors in flight per thread: one CTA streams a 256 KB row, so the
+  // loop is bound by load latency, not bandwidth.
+  constexpr int kU = 4;
+  for (int i0 = threadIdx.x * kN; i0 < vocab; i0 += kThreads * kN * kU) {
+    Vec<T, kN> x[kU];
 #pragma unroll
-    for (int e = 0; e < kN; ++e) {
-      const float v = ToFloat(x.v[e]);
-      if (Beats(v, i + e, b)) b = Best{v, i + e};
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * kThreads * kN;
+      if (i < vocab) x[u].Load(row + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * kThreads * kN;
+      if (i >= vocab) break;
+#pragma unroll
+      for (int e = 0; e < kN; ++e) {
+        const float v = ToFloat(x[u].v[e]);
+        if (Beats(v, i + e, b)) b = Best{v, i + e};
+      }
     }
   }
 #pragma unroll
@@ -64,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) ArgmaxRowsKernel(const T* logits, in
 CudaStatus LaunchArgmaxRows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int32_t* out,
                             cudaStream_t stream) {
   if (rows <= 0) return CudaStatus::Ok();
-  if (vocab <= 0 || vocab >= (int64_t{1} << 31) - kThreads * 8) return CudaStatus::Unsupported("argmax: bad vocab");
+  if (vocab <= 0 || vocab >= (int64_t{1} << 31) - kThreads * 32) return CudaStatus::Unsupported("argmax: bad vocab");
   if (rows > 65535 * 1024) return CudaStatus::Unsupported("argmax: too many rows");
   CudaStatus st = CudaStatus::Unsupported(std::string("argmax: unsupported dtype ") + DTypeName(dtype));
   DispatchFloatType(dtype, [&](auto t) {

@@ -4,13 +4,15 @@
 Two steps, which may run on different hosts (transformers + torch are on the
 GPU host; the server and its Python client wherever it is built):
 
-  make  --out DIR     builds a LlamaForCausalLM with random weights (GQA,
-                      llama3 rope scaling, head_dim != hidden/heads), saves it
+  make  --out DIR [--head-dim N]
+                      builds a LlamaForCausalLM with random weights (GQA,
+                      llama3 rope scaling, head_dim != hidden/heads; 48 by
+                      default, 64 for the CUDA runner's head dims), saves it
                       with save_pretrained (safetensors) as DIR/f32 and, cast
                       to bfloat16, as DIR/bf16, and records transformers'
                       prefill logits and 32 greedy tokens (full forward per
                       step) in DIR/expected.npz.
-  check --dir DIR --bin FUSEDSERVE
+  check --dir DIR --bin FUSEDSERVE [--device cpu|cuda]
                       starts the server with --model=DIR/f32 (then DIR/bf16)
                       and compares: logits of the prefill (embeddings ->
                       TransformerBlock over all layers -> final norm and
@@ -38,7 +40,7 @@ PROMPT = [3, 141, 59, 26, 535, 89, 79, 32, 384, 626, 433, 83]
 STEPS = 32
 
 
-def make(out: Path) -> None:
+def make(out: Path, head_dim: int = 48) -> None:
     import torch
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -47,7 +49,7 @@ def make(out: Path) -> None:
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64}
     kw = dict(vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-              num_attention_heads=8, num_key_value_heads=2, head_dim=48, rms_norm_eps=1e-5,
+              num_attention_heads=8, num_key_value_heads=2, head_dim=head_dim, rms_norm_eps=1e-5,
               max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=None,
               eos_token_id=None, pad_token_id=None)
     try:  # transformers 5: rope_parameters carries theta and scaling
@@ -120,7 +122,7 @@ def _load_weights(ckpt: Path) -> dict:
     return out
 
 
-def check(directory: Path, binary: str) -> bool:
+def check(directory: Path, binary: str, device: str = "cpu") -> bool:
     sys.path.insert(0, str(HERE))
     import tempfile
 
@@ -135,9 +137,11 @@ def check(directory: Path, binary: str) -> bool:
         config = json.loads((ckpt / "config.json").read_text())
         w = _load_weights(ckpt)
         with tempfile.TemporaryDirectory() as tmp:
-            proc = ServerProcess(binary, Path(tmp), [f"--model={ckpt}"]).start()
+            proc = ServerProcess(binary, Path(tmp), [f"--model={ckpt}", f"--device={device}"]).start()
             try:
                 with FusedServeClient(proc.target, timeout=300.0) as c:
+                    info = c.server_info()
+                    print(f"{tag}: server model runner on {info.device} ({info.device_name})")
                     emb = w["model.embed_tokens.weight"][prompt].astype(np.float32)[None]
                     hidden = c.transformer_block(emb).astype(np.float64)[0]
                     eps = config.get("rms_norm_eps", 1e-6)
@@ -158,8 +162,8 @@ def check(directory: Path, binary: str) -> bool:
                         ok &= good
                     else:
                         print(f"{tag}: greedy tokens agree up to step "
-                              f"{STEPS if first_diff is None else first_diff} (bf16 HF vs fp32 server math; "
-                              f"informative only)")
+                              f"{STEPS if first_diff is None else first_diff} (bf16 rounding differs between "
+                              f"transformers and the server; informative only)")
             finally:
                 proc.stop()
     return ok
@@ -170,13 +174,15 @@ def main() -> int:
     ap.add_argument("mode", choices=["make", "check", "all"])
     ap.add_argument("--out", "--dir", dest="dir", type=Path, required=True)
     ap.add_argument("--bin", default=None, help="fusedserve binary (check, all)")
+    ap.add_argument("--head-dim", type=int, default=48, help="make: attention head dim")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="check: the server's --device")
     a = ap.parse_args()
     if a.mode in ("make", "all"):
-        make(a.dir)
+        make(a.dir, a.head_dim)
     if a.mode in ("check", "all"):
         if not a.bin:
             ap.error("--bin is required for check")
-        return 0 if check(a.dir, a.bin) else 1
+        return 0 if check(a.dir, a.bin, a.device) else 1
     return 0
 
 

@@ -2,8 +2,11 @@
 // sampler, the CPU runner's paged forward against its own whole-sequence
 // path, and the scheduler (continuous batching gives the same tokens as
 // running alone, preemption under a small cache, queue limits, cancellation).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -66,6 +69,66 @@ TEST(SamplerTest, GreedyTopKAndReproducibility) {
     ones += t == 1;
   }
   EXPECT_NEAR(ones / 2000.0, 0.5, 0.05);
+}
+
+// top-p over a large vocabulary sorts only a growing prefix; the draws must
+// be those of a full sort (the rule the sampler documents), and plain
+// temperature sampling must follow softmax(logits / T).
+TEST(SamplerTest, TopPPrefixSortMatchesFullSort) {
+  const int64_t V = 50000;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> logits(V);
+  for (float& x : logits) x = nd(gen);
+  logits[123] = logits[456] = 9.0f;  // a tie at the top
+  auto reference = [&](const SamplingParams& p, SamplerRng& rng) {
+    std::vector<int32_t> idx(V);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    const double mx = logits[idx[0]], inv_t = 1.0 / p.temperature;
+    const int64_t keep0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+    std::vector<double> prob(keep0);
+    double total = 0;
+    for (int64_t i = 0; i < keep0; ++i) total += (prob[i] = std::exp((logits[idx[i]] - mx) * inv_t));
+    int64_t keep = 0;
+    double cum = 0;
+    while (keep < keep0 && cum < p.top_p) cum += prob[keep++] / total;
+    total = 0;
+    for (int64_t i = 0; i < keep; ++i) total += prob[i];
+    const double u = rng.Uniform() * total;
+    cum = 0;
+    for (int64_t i = 0; i < keep; ++i) {
+      cum += prob[i];
+      if (u < cum) return idx[i];
+    }
+    return idx[keep - 1];
+  };
+  for (const SamplingParams& p : {SamplingParams{1.0f, 0, 0.9f, 0}, SamplingParams{3.0f, 0, 0.95f, 0},
+                                  SamplingParams{0.7f, 1000, 0.5f, 0}, SamplingParams{5.0f, 0, 0.999f, 0}}) {
+    SamplerRng a(11), b(11);
+    for (int i = 0; i < 50; ++i) {
+      ASSERT_EQ(SampleToken(logits.data(), V, p, a), reference(p, b)) << "T=" << p.temperature << " top_p=" << p.top_p;
+    }
+  }
+  // Plain temperature: frequencies of a 3-token vocabulary follow softmax.
+  std::vector<float> three = {0.0f, std::log(2.0f), std::log(5.0f)};  // probabilities 1/8, 2/8, 5/8
+  SamplerRng r(3);
+  int counts[3] = {0, 0, 0};
+  for (int i = 0; i < 8000; ++i) ++counts[SampleToken(three.data(), 3, SamplingParams{1.0f, 0, 1.0f, 0}, r)];
+  EXPECT_NEAR(counts[0] / 8000.0, 0.125, 0.02);
+  EXPECT_NEAR(counts[1] / 8000.0, 0.25, 0.02);
+  EXPECT_NEAR(counts[2] / 8000.0, 0.625, 0.02);
+}
+
+// NaN never wins the greedy pick; ties go to the lowest index.
+TEST(SamplerTest, GreedyNanAndTies) {
+  const float nan = std::nanf("");
+  std::vector<float> a = {nan, 1.0f, 3.0f, 3.0f, nan};
+  EXPECT_EQ(GreedyToken(a.data(), 5), 2);
+  std::vector<float> all_nan = {nan, nan};
+  EXPECT_EQ(GreedyToken(all_nan.data(), 2), 0);
 }
 
 std::unique_ptr<ModelRunner> TinyRunner(uint64_t seed = 3) {

@@ -12,6 +12,7 @@
 // by the LM head, the K/V of B x ctx positions over all layers) at the
 // device-to-device copy bandwidth measured in the same run (read + write),
 // as in PEERS.md. Medians of 50 steps after 5 warm-up steps.
+// FS_BENCH=decode|engine|8b|gemm: that section only.
 // FS_PROFILE=1: only one warm 1B decode step at B=1 and B=16 (ctx 2048)
 // between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
 #include <cuda_profiler_api.h>
@@ -21,9 +22,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/gemm.h"
 #include "server/engine.h"
 #include "server/model_cuda_runner.h"
 #include "server/model_weights.h"
@@ -221,6 +224,63 @@ void Layer8bTable(double bw) {
               (layer_w + kv) / bw * 1e6, 100.0 * (layer_w + kv) / bw * 1e3 / dc_ms);
 }
 
+// cuBLASLt's candidate algorithms on the decode GEMMs of a batch of M
+// sequences (the step runs M > kGemvMaxM through cuBLASLt): time of each,
+// and the weight-read bandwidth it reaches.
+void GemmAlgoTable(const ModelConfig& c, double bw) {
+  std::printf("\n4. cuBLASLt algorithms on the 1B decode GEMMs (median of 50, us | weight GB/s)\n");
+  const int64_t D = c.hidden, I = c.intermediate, qkv = c.q_dim() + 2 * c.kv_dim();
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+  };
+  const Shape shapes[] = {{"qkv", qkv, D}, {"o_proj", D, c.q_dim()}, {"gate_up", 2 * I, D}, {"down", D, I}};
+  void *x = nullptr, *w = nullptr, *y = nullptr;
+  cudaMalloc(&x, 64 * I * 2);
+  cudaMalloc(&w, 2 * I * D * 2);
+  cudaMalloc(&y, 64 * 2 * I * 2);
+  cudaMemset(x, 0, 64 * I * 2);
+  cudaMemset(w, 0, 2 * I * D * 2);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int64_t M : {16, 32, 64}) {
+    for (const Shape& sh : shapes) {
+      GemmArgs a;
+      a.dtype = DType::kBF16;
+      a.M = M;
+      a.N = sh.N;
+      a.K = sh.K;
+      a.x = x;
+      a.w = w;
+      a.y = y;
+      const int n = GemmAlgoCount(a.dtype, M, sh.N, sh.K);
+      std::printf("M=%-3ld %-8s", static_cast<long>(M), sh.name);
+      for (int algo = 0; algo < n; ++algo) {
+        std::vector<float> us;
+        for (int it = 0; it < 55; ++it) {
+          cudaEventRecord(e0);
+          if (!GemmForward(a, algo, nullptr).ok()) break;
+          cudaEventRecord(e1);
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (it >= 5) us.push_back(ms * 1e3f);
+        }
+        if (us.empty()) continue;
+        std::sort(us.begin(), us.end());
+        const double t = us[us.size() / 2];
+        std::printf(" | %d: %5.1f %4.0f", algo, t, sh.N * sh.K * 2 / (t * 1e-6) / 1e9);
+      }
+      std::printf("\n");
+    }
+  }
+  (void)bw;
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+}
+
 void Profile(const ModelConfig& c) {
   const int64_t bs = 16, per_seq = 2048 / bs + 1;
   std::unique_ptr<ModelRunner> r = MakeRunner(c, 2048, 16 * per_seq + 16, bs);
@@ -250,9 +310,12 @@ int Main() {
   cudaGetDeviceProperties(&prop, 0);
   const double bw = CopyBandwidth();
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write)\n", prop.name, bw / 1e9);
-  DecodeTable(c, bw);
-  EngineTable(c, bw);
-  Layer8bTable(bw);
+  const char* only = std::getenv("FS_BENCH");  // e.g. FS_BENCH=gemm runs only that section
+  const std::string sel = only == nullptr ? "" : only;
+  if (sel.empty() || sel == "decode") DecodeTable(c, bw);
+  if (sel.empty() || sel == "engine") EngineTable(c, bw);
+  if (sel.empty() || sel == "8b") Layer8bTable(bw);
+  if (sel.empty() || sel == "gemm") GemmAlgoTable(c, bw);
   return 0;
 }
 

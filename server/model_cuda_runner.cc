@@ -505,11 +505,19 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = logits_.Allocate(Sq * c_.vocab * es_, "logits"); !status.ok()) return status;
       if (absl::Status status = hlogits_.Allocate(Sq * c_.vocab * es_); !status.ok()) return status;
       if (absl::Status status = greedy_.Allocate(Sq * sizeof(int32_t), "greedy tokens"); !status.ok()) return status;
+      const size_t aws = cuda::ArgmaxWorkspaceBytes(Sq);
+      if (absl::Status status = argmax_ws_.Allocate(aws, "argmax workspace"); !status.ok()) return status;
+      if (absl::Status status = Cuda(cudaMemset(argmax_ws_.get(), 0, aws), "argmax workspace clear"); !status.ok())
+        return status;
       if (absl::Status status = hgreedy_.Allocate(Sq * sizeof(int32_t)); !status.ok()) return status;
-      const size_t ws = cuda::PagedAttentionWorkspaceBytes(cuda::kPagedMaxSplitRows, static_cast<int>(c_.q_heads),
-                                                           static_cast<int>(c_.head_dim), 2);
-      if (ws_.bytes() == 0)
-        if (absl::Status status = ws_.Allocate(ws / 2, "attention workspace"); !status.ok()) return status;
+      if (ws_.bytes() == 0) {
+        const size_t ws =
+            cuda::PagedAttentionWorkspaceBytes(static_cast<int>(c_.q_heads), static_cast<int>(c_.head_dim));
+        if (absl::Status status = ws_.Allocate(ws, "attention workspace"); !status.ok()) return status;
+        // Its split counters start at zero (each launch leaves them so).
+        if (absl::Status status = Cuda(cudaMemset(ws_.get(), 0, ws), "attention workspace clear"); !status.ok())
+          return status;
+      }
       cap_tokens_ = T;
       cap_seqs_ = Sq;
     }
@@ -614,7 +622,8 @@ class CudaModelRunner final : public ModelRunner {
       return status;
     if (absl::Status status = Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get()); !status.ok())
       return status;
-    return ToAbsl(cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), stream_),
+    return ToAbsl(cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(),
+                                         stream_),
                   "greedy argmax");
   }
 
@@ -830,7 +839,7 @@ class CudaModelRunner final : public ModelRunner {
   int64_t cap_tokens_ = 0, cap_seqs_ = 0;
   DeviceBuffer x_[2], h_, tmp_, qkv_, q_, k_, v_, ao_, gu_, act_, last_, logits_, ws_;
   HostBuffer hlogits_;
-  DeviceBuffer greedy_;
+  DeviceBuffer greedy_, argmax_ws_;
   HostBuffer hgreedy_;
   StepIndex ix_;       // the current step's layout
   int64_t cap_idx_ = 0;  // int32 elements didx_/hidx_ hold

@@ -11,7 +11,8 @@
 //                        softmax for all the query heads sharing that kv head
 //                        (GQA: K/V read once), the
 //                        groups are merged through shared memory at the end.
-//   PagedCombineKernel   merges the splits' (max, sum, acc) per (row, head).
+//                        With context splits, the last CTA of a (row, kv
+//                        head) to finish merges the splits' (max, sum, acc).
 // The CPU reference of all of them is the CPU model runner
 // (server/model_cpu_runner.cc); tests/gpu/model_cuda_test.cc compares the two.
 #include <cuda_bf16.h>
@@ -89,9 +90,17 @@ __global__ void RopeKvKernel(RopeKvParams p) {
 
 // kG: query heads per kv head the CTA holds in registers (a power of two
 // >= Hq / Hkv), so a GQA-4 model does not pay registers for 8.
+// The split workspace (PagedAttentionWorkspaceBytes): per (row, q head,
+// split) the partial acc [D] and (max, sum); per (row, kv head) a counter of
+// finished splits, left at zero after each launch.
+struct SplitWorkspace {
+  float* acc;
+  float2* ml;
+  unsigned* done;
+};
+
 template <typename T, int D, int kG>
-__global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionParams p, float* ws_acc,
-                                                                 float2* ws_ml) {
+__global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionParams p, SplitWorkspace ws) {
   constexpr int kLanes = D / 8;               // lanes per key, 8 elements each
   constexpr int kGroups = kThreads / kLanes;  // lane groups per CTA
   constexpr int kU = 4;                       // keys per group per iteration (loads in flight)
@@ -236,59 +245,63 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
       O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
     } else {
       const int64_t w = (static_cast<int64_t>(r) * p.Hq + h) * splits + split;
-      ws_acc[w * D + d] = A;
-      if (d == 0) ws_ml[w] = make_float2(M, L);
+      ws.acc[w * D + d] = A;
+      if (d == 0) ws.ml[w] = make_float2(M, L);
+    }
+  }
+  if (splits == 1) return;
+
+  // The last split CTA of this (row, kv head) to finish merges all splits
+  // (no separate combine kernel): publish this CTA's partials, count it in.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* done = ws.done + static_cast<int64_t>(r) * p.Hkv + hk;
+    last = atomicAdd(done, 1u) == static_cast<unsigned>(splits - 1);
+    if (last) *done = 0;  // ready for the next launch (or graph replay)
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // One warp per query head: lane s holds split s's (max, sum) (splits <=
+  // 32); the acc loads of all splits are independent. __ldcg: the partials
+  // of other CTAs, read from L2, never from a stale L1 line.
+  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;
+  for (int g = warp; g < G; g += kThreads / 32) {
+    const int h = hk * G + g;
+    const int64_t base = (static_cast<int64_t>(r) * p.Hq + h) * splits;
+    const float2 ml = wl < splits ? __ldcg(ws.ml + base + wl) : make_float2(-INFINITY, 0.0f);
+    float M = ml.x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float wgt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
+    float L = ml.y * wgt;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    // Every lane takes part in the shuffles, also past D (head dims < 32).
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      const int d = d0 + wl;
+      float A = 0.0f;
+#pragma unroll 8
+      for (int sp = 0; sp < splits; ++sp) {
+        const float wsp = __shfl_sync(0xffffffffu, wgt, sp);
+        if (d < D) A = fmaf(wsp, __ldcg(ws.acc + (base + sp) * D + d), A);
+      }
+      if (d < D) O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
     }
   }
 }
 
-// One CTA of max(D, 32) threads per (row, q head): every warp reads the
-// (max, sum) of all splits (<= 32, one per lane) and reduces them with
-// shuffles; thread d then sums split s's acc[d] scaled by split s's weight,
-// loads independent of each other (a serial max-then-sum loop over the
-// splits took ~16 us a launch at 32 splits).
-template <typename T>
-__global__ void PagedCombineKernel(PagedAttentionParams p, int splits, const float* ws_acc, const float2* ws_ml) {
-  PdlEnter();
-  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x, lane = threadIdx.x & 31;
-  const int64_t base = (static_cast<int64_t>(r) * p.Hq + h) * splits;
-  const float2 ml = lane < splits ? ws_ml[base + lane] : make_float2(-INFINITY, 0.0f);
-  float M = ml.x;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
-  float L = ml.y * w;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-  float A = 0.0f;
-  const bool live = d < p.D;
-#pragma unroll 8
-  for (int s = 0; s < splits; ++s) {
-    const float ws = __shfl_sync(0xffffffffu, w, s);
-    if (live) A = fmaf(ws, ws_acc[(base + s) * p.D + d], A);
-  }
-  if (!live) return;
-  T* O = static_cast<T*>(p.o);
-  O[(static_cast<int64_t>(p.rows[r]) * p.Hq + h) * p.D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
-}
-
 template <typename T, int D, int kG>
 CudaStatus LaunchPagedTyped(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream) {
-  float* ws_acc = static_cast<float*>(workspace);
-  float2* ws_ml = nullptr;
-  if (splits > 1) {
-    ws_ml = reinterpret_cast<float2*>(ws_acc + static_cast<int64_t>(p.R) * p.Hq * splits * D);
-  }
+  const int64_t slots = static_cast<int64_t>(kPagedMaxSplitRows) * p.Hq;  // (row, head, split) entries
+  SplitWorkspace ws;
+  ws.acc = static_cast<float*>(workspace);
+  ws.ml = reinterpret_cast<float2*>(ws.acc + slots * D);
+  ws.done = reinterpret_cast<unsigned*>(ws.ml + slots);
   const dim3 grid(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(splits));
-  if (CudaStatus s =
-          LaunchKernel(PagedAttentionKernel<T, D, kG>, grid, dim3(kThreads), 0, stream, 1, p, ws_acc, ws_ml);
-      !s.ok()) {
-    return s;
-  }
-  if (splits == 1) return CudaStatus::Ok();
-  return LaunchKernel(PagedCombineKernel<T>, dim3(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hq)),
-                      dim3(std::max(D, 32)), 0, stream, 1, p, splits, static_cast<const float*>(ws_acc),
-                      static_cast<const float2*>(ws_ml));
+  return LaunchKernel(PagedAttentionKernel<T, D, kG>, grid, dim3(kThreads), 0, stream, 1, p, ws);
 }
 
 template <typename T, int D>
@@ -337,9 +350,10 @@ int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
   return std::max(s, 1);
 }
 
-size_t PagedAttentionWorkspaceBytes(int R, int Hq, int D, int splits) {
-  if (splits <= 1) return 0;
-  return static_cast<size_t>(R) * Hq * splits * (static_cast<size_t>(D) * sizeof(float) + sizeof(float2));
+size_t PagedAttentionWorkspaceBytes(int Hq, int D) {
+  const size_t slots = static_cast<size_t>(kPagedMaxSplitRows) * Hq;
+  return slots * (static_cast<size_t>(D) * sizeof(float) + sizeof(float2)) +
+         static_cast<size_t>(kPagedMaxSplitRows) * Hq * sizeof(unsigned);
 }
 
 CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream) {

@@ -71,8 +71,10 @@ bool PagedAttentionSupported(int Hq, int Hkv, int D);
 constexpr int kPagedMaxSplits = 32;
 constexpr int kPagedMaxSplitRows = 1024;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
-// Scratch bytes for `splits` > 1 (0 for 1).
-size_t PagedAttentionWorkspaceBytes(int R, int Hq, int D, int splits);
+// Workspace bytes for any launch of these head counts (context splits keep
+// R * splits <= kPagedMaxSplitRows). Zero it once when allocated: it holds
+// counters that every launch leaves at zero.
+size_t PagedAttentionWorkspaceBytes(int Hq, int D);
 // Each row's context is cut in `splits` equal parts (the split count, not the
 // part length, is fixed so a CUDA graph can replay the launch for any ctx).
 CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream);

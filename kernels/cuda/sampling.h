@@ -13,10 +13,15 @@
 
 namespace fusedserve::cuda {
 
-// out[r] = the lowest index i with logits[r, i] == max_j logits[r, j]
-// (the host sampler's greedy rule, std::max_element). NaN counts as lower
-// than every number.   logits [rows, vocab] (float dtype); out [rows] int32
+// Workspace bytes for `rows` rows. Zero it once when allocated: it holds
+// counters that every launch leaves at zero.
+size_t ArgmaxWorkspaceBytes(int64_t rows);
+
+// out[r] = the lowest index i with logits[r, i] == max_j logits[r, j] (the
+// host sampler's GreedyToken). NaN counts as lower than every number; an
+// all-NaN row gives 0. A null workspace runs one CTA per row.
+//   logits [rows, vocab] (float dtype); out [rows] int32
 CudaStatus LaunchArgmaxRows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int32_t* out,
-                            cudaStream_t stream);
+                            void* workspace, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

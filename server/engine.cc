@@ -2,6 +2,7 @@
 #include "server/engine.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "server/log.h"
@@ -29,6 +30,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   if (o.max_running <= 0) return absl::InvalidArgumentError("--max_running must be positive");
   if (o.max_waiting < 0) return absl::InvalidArgumentError("--max_waiting must be >= 0");
   if (o.max_batched_tokens <= 0) return absl::InvalidArgumentError("--max_batched_tokens must be positive");
+  if (o.prefill_chunk_tokens < 0) return absl::InvalidArgumentError("--prefill_chunk_tokens must be >= 0");
   if (o.max_new_tokens_limit <= 0) return absl::InvalidArgumentError("--max_new_tokens_limit must be positive");
   const ModelConfig& c = runner->config();
   int64_t blocks = o.kv_cache_blocks;
@@ -260,8 +262,16 @@ void Engine::Step() {
     // Retry the same index (it may have been the victim itself).
   }
 
-  // 3. Admission, FIFO, within the running, token and block limits.
-  int64_t budget = options_.max_batched_tokens - static_cast<int64_t>(running_.size());
+  // 3. Admission, FIFO, within the running, token and block limits. The
+  // token budget left after the decodes and the running prompts' next
+  // chunks decides whether a new prompt can start this step.
+  const bool chunked = options_.prefill_chunk_tokens > 0;
+  const int64_t chunk = chunked ? options_.prefill_chunk_tokens : std::numeric_limits<int64_t>::max();
+  auto next_chunk = [chunk](const Sequence& s) {
+    return std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.cached, chunk);
+  };
+  int64_t budget = options_.max_batched_tokens;
+  for (const auto& s : running_) budget -= next_chunk(*s);
   bool admitted_prefill = false;
   while (static_cast<int>(running_.size()) < options_.max_running) {
     std::unique_ptr<Sequence> seq;
@@ -269,9 +279,11 @@ void Engine::Step() {
       absl::MutexLock lock(&mu_);
       if (waiting_.empty()) break;
       Sequence& head = *waiting_.front();
-      const int64_t need = static_cast<int64_t>(head.tokens.size());
-      if (need > budget && admitted_prefill) break;
-      if (!blocks_.EnsureCapacity(&head.blocks, need)) break;
+      const int64_t need = next_chunk(head);
+      // Chunks: a new prompt starts while the step has room for part of it.
+      // Whole prompts: the first admission of a step goes even over budget.
+      if (chunked ? budget <= 0 : need > budget && admitted_prefill) break;
+      if (!blocks_.EnsureCapacity(&head.blocks, static_cast<int64_t>(head.tokens.size()))) break;
       seq = std::move(waiting_.front());
       waiting_.pop_front();
       budget -= need;
@@ -285,19 +297,34 @@ void Engine::Step() {
   UpdateGauges();
   if (running_.empty()) return;
 
-  // 4. One forward over the batch: prefills (all uncached tokens) and decodes (one token).
+  // 4. One forward over the batch: decodes (one token each) and prompts,
+  // whole or (chunked) cut to what the step's budget leaves.
   std::vector<SeqForward> batch;
+  std::vector<size_t> member;  // running_ index of each batch entry
   batch.reserve(running_.size());
-  for (auto& s : running_) {
-    SeqForward f;
-    f.start = s->cached;
-    f.tokens = s->tokens.data() + s->cached;
-    f.num_tokens = static_cast<int64_t>(s->tokens.size()) - s->cached;
-    f.block_table = s->blocks.data();
-    f.num_blocks = static_cast<int64_t>(s->blocks.size());
-    f.want_logits = s->request.sampling.temperature > 0.0f;
-    batch.push_back(f);
+  int64_t left = options_.max_batched_tokens;
+  for (int pass = 0; pass < 2; ++pass) {  // decodes first, then prompts in admission order
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Sequence& s = *running_[i];
+      const int64_t uncached = static_cast<int64_t>(s.tokens.size()) - s.cached;
+      const bool decode = s.cached >= s.prompt_len && uncached == 1;
+      if (decode != (pass == 0)) continue;
+      const int64_t n = chunked && !decode ? std::min(next_chunk(s), left) : uncached;
+      if (n <= 0) continue;  // no room left this step
+      left -= n;
+      SeqForward f;
+      f.start = s.cached;
+      f.tokens = s.tokens.data() + s.cached;
+      f.num_tokens = n;
+      f.block_table = s.blocks.data();
+      f.num_blocks = static_cast<int64_t>(s.blocks.size());
+      // Logits only where a token is sampled from them: the prompt's last chunk or a decode.
+      f.want_logits = s.request.sampling.temperature > 0.0f && s.cached + n == static_cast<int64_t>(s.tokens.size());
+      batch.push_back(f);
+      member.push_back(i);
+    }
   }
+  if (batch.empty()) return;
   ForwardOutput out;
   if (absl::Status st = runner_->Forward(batch, &out); !st.ok()) {
     LogError(absl::StrCat("forward step failed: ", st.message()));
@@ -308,11 +335,11 @@ void Engine::Step() {
   }
   const absl::Time t = absl::Now();
   const int64_t vocab = config().vocab;
-  std::vector<std::unique_ptr<Sequence>> still;
-  still.reserve(running_.size());
-  for (size_t b = 0; b < running_.size(); ++b) {
-    Sequence& s = *running_[b];
-    s.cached = static_cast<int64_t>(s.tokens.size());
+  std::vector<bool> finished(running_.size(), false);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    Sequence& s = *running_[member[b]];
+    s.cached += batch[b].num_tokens;
+    if (s.cached < static_cast<int64_t>(s.tokens.size())) continue;  // the prompt continues next step
     const int32_t tok = batch[b].want_logits
                             ? SampleToken(out.logits.data() + b * vocab, vocab, s.request.sampling, s.rng)
                             : out.greedy[b];
@@ -333,9 +360,13 @@ void Engine::Step() {
                       static_cast<int64_t>(s.tokens.size()) >= options_.max_seq_len;
     if (done) {
       FinishSequence(s, absl::OkStatus());
-    } else {
-      still.push_back(std::move(running_[b]));
+      finished[member[b]] = true;
     }
+  }
+  std::vector<std::unique_ptr<Sequence>> still;
+  still.reserve(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (!finished[i]) still.push_back(std::move(running_[i]));
   }
   running_.swap(still);
   UpdateGauges();

@@ -4,9 +4,10 @@
 //   2. give every running sequence room for its next position (preempting
 //      the newest sequence, to be recomputed later, when blocks run out);
 //   3. admit waiting requests (FIFO) while limits and free blocks allow;
-//      their prompts are prefilled in the same forward as the decode tokens;
-//   4. run one forward, sample one token per sequence, stream it, retire
-//      finished sequences.
+//      their prompts are prefilled in the same forward as the decode tokens,
+//      in chunks of at most prefill_chunk_tokens within the step's budget;
+//   4. run one forward, sample one token per sequence whose prompt is done,
+//      stream it, retire finished sequences.
 // TransformerBlock calls run on the same thread between steps, so the
 // runner is only ever used by one thread. Sinks are called on the engine
 // thread and must not block (the gRPC reactor queues and writes on its own).
@@ -42,9 +43,14 @@ struct EngineOptions {
   int max_running = 64;
   // Requests queued beyond the running ones; more get RESOURCE_EXHAUSTED.
   int max_waiting = 256;
-  // Tokens (prefill + decode) in one forward step at most; a single prompt
-  // longer than this still runs, alone.
+  // Tokens (prefill + decode) in one forward step at most. Decodes always
+  // run; prompts fill what is left.
   int64_t max_batched_tokens = 8192;
+  // Chunked prefill: prompt tokens one sequence prefills per step at most,
+  // so a long prompt shares steps with the running decodes instead of
+  // stalling them. 0: whole prompts (one longer than max_batched_tokens then
+  // runs alone).
+  int64_t prefill_chunk_tokens = 2048;
   // Cap on a request's max_new_tokens.
   int max_new_tokens_limit = 4096;
   // Longest sequence (prompt + generated); 0 = the model's

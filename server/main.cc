@@ -83,6 +83,8 @@ ABSL_FLAG(int64_t, kv_block_size, 16, "Positions per KV cache block");
 ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most");
 ABSL_FLAG(int, max_waiting, 256, "Generate requests queued before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_batched_tokens, 8192, "Tokens (prefill + decode) per engine step at most");
+ABSL_FLAG(int64_t, prefill_chunk_tokens, 2048,
+          "Chunked prefill: prompt tokens one sequence prefills per engine step at most (0 = whole prompts)");
 ABSL_FLAG(int, max_new_tokens_limit, 4096, "Cap on a Generate request's max_new_tokens");
 ABSL_FLAG(int64_t, max_seq_len, 0, "Longest sequence (prompt + generated); 0 = the model's, capped at 8192");
 ABSL_FLAG(int, model_threads, 0, "Threads of the CPU model runner's GEMMs; 0 = CPU cores");
@@ -301,6 +303,7 @@ int Run(const std::string& mode) {
   engine_options.max_running = absl::GetFlag(FLAGS_max_running);
   engine_options.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   engine_options.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+  engine_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   engine_options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(runner), &metrics, engine_options);

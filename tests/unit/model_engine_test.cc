@@ -285,6 +285,40 @@ TEST(EngineTest, BatchingDoesNotChangeTokens) {
   }
 }
 
+// Chunked prefill under a small step budget: long prompts are prefilled a
+// few tokens per step beside running decodes, and every sequence still gets
+// exactly the tokens it gets alone (the CPU runner's paged prefill of a
+// chunk is bit-identical to a whole prompt's). Whole-prompt mode with the
+// same small budget still runs the long prompts (alone).
+TEST(EngineTest, ChunkedPrefillKeepsTokens) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<int32_t> prompt;
+    const int len = i % 2 == 0 ? 3 + i : 23 + 9 * i;  // short ones decode while long ones prefill
+    for (int j = 0; j < len; ++j) prompt.push_back((i * 31 + j * 7) % 512);
+    reqs.push_back(Req(prompt, 10, i == 3 ? 0.8f : 0.0f, 50 + i));
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& r : reqs) alone.push_back(RunAlone(r));
+  for (int64_t chunk : {5, 0}) {
+    EngineOptions o;
+    o.max_batched_tokens = 12;
+    o.prefill_chunk_tokens = chunk;
+    auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (const auto& r : reqs) {
+      sinks.push_back(std::make_shared<RecordingSink>());
+      ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      sinks[i]->done.WaitForNotification();
+      EXPECT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
+      EXPECT_EQ(sinks[i]->tokens, alone[i]) << "request " << i << ", chunk " << chunk;
+      EXPECT_EQ(sinks[i]->result.prompt_tokens, static_cast<int64_t>(reqs[i].prompt.size()));
+    }
+  }
+}
+
 // A cache too small for all sequences at once: the newest is preempted and
 // recomputed later; every sequence still completes with its own tokens.
 TEST(EngineTest, PreemptionUnderASmallCacheKeepsTokens) {

@@ -7,9 +7,12 @@
 //               write (paged_attention.h), attention (flash prefill for
 //               sequences starting at position 0, paged attention through the
 //               block tables for everything else), o_proj GEMM, add_rms_norm,
-//               SwiGLU MLP (GEMV path for <= 8 rows, cuBLASLt + silu_and_mul
-//               otherwise), add_rms_norm -> final norm -> last-token rows ->
-//               LM head -> logits copied to the host for the engine's sampler.
+//               SwiGLU MLP, add_rms_norm -> final norm -> last-token rows ->
+//               LM head -> device argmax; the B token ids (and logits rows of
+//               sampled sequences) copied to the host for the engine.
+//   GEMMs       by token rows: <= 8 the GEMV (mlp.h), <= 32 the tensor-core
+//               skinny GEMM (skinny_gemm.h), more cuBLASLt; the SwiGLU gate
+//               is fused into the first two (cuBLASLt: + silu_and_mul).
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
 //               step is larger; no device allocation per step otherwise.
 //   graphs      a step where every sequence decodes one token runs from a CUDA
@@ -34,6 +37,7 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace fusedserve {
 namespace {
@@ -587,6 +591,9 @@ class CudaModelRunner final : public ModelRunner {
     a.w = w;
     a.y = y;
     if (GemvSupported(dt_, M, K, x, w)) return ToAbsl(LaunchGemv(a, stream_), "gemv");
+    if (SkinnyGemmSupported(dt_, M, N, K, x, w)) {
+      return ToAbsl(LaunchSkinnyGemm(dt_, M, N, K, x, w, y, stream_), "skinny gemm");
+    }
     return ToAbsl(GemmForward(a, 0, stream_), "gemm");
   }
 
@@ -667,6 +674,11 @@ class CudaModelRunner final : public ModelRunner {
       if (GemvSupported(dt_, T, D, h_.get(), L.gate_up.get())) {
         if (absl::Status status =
                 ToAbsl(LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu");
+            !status.ok())
+          return status;
+      } else if (SkinnyGemmSupported(dt_, T, I, D, h_.get(), L.gate_up.get())) {
+        if (absl::Status status =
+                ToAbsl(LaunchSkinnySwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "swiglu");
             !status.ok())
           return status;
       } else {

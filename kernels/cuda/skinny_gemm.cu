@@ -1,0 +1,212 @@
+// Few-row GEMMs on tensor cores (see skinny_gemm.h).
+//
+// Fragment trick: mma.m16n8k16 wants, per lane (g = lane / 4, t = lane % 4),
+// A elements (row g and g + 8; k = 2t, 2t+1, 2t+8, 2t+9) and B elements
+// (column g; the same k). A dot product does not care about the order of k,
+// so within each 32-wide chunk lane t takes the 8 consecutive elements
+// [8t, 8t + 8) of its rows with ONE 16-byte load per row, and the two mma
+// k-steps of the chunk read them as (0-1, 2-3) and (4-5, 6-7); B (a row of x,
+// one token) is loaded and split the same way. The weights go from HBM to
+// registers to the tensor cores with full 16-byte loads and no shared memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace fusedserve {
+namespace {
+
+using cuda::FromFloat;
+using cuda::Mma16816;
+
+constexpr int kWarps = 8;
+
+struct SkinnyParams {
+  const void* x;  // [M,K]
+  const void* w;  // [N,K], or [2N,K] gate then up (SwiGLU)
+  void* y;        // [M,N]
+  int64_t M, N, K;
+};
+
+__device__ __forceinline__ uint4 LoadWeights(const uint4* p) { return __ldcs(p); }  // read once: stream past L1/L2
+
+// kNT tiles of 8 tokens (M <= 8 kNT); kC chunks of 32 in flight per warp.
+template <typename T, int kNT, bool kSwiglu>
+__global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams p, int split) {
+  constexpr int kC = (kSwiglu ? 4 : 8) / kNT;  // 16-byte weight loads in flight: 8 / kNT per row group
+  constexpr int kAcc = kSwiglu ? 2 : 1;  // gate and up
+  __shared__ float partial[kWarps][kAcc][kNT][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int slice = warp % split;
+  const int64_t tiles = p.N / 16;
+  const int64_t tile = static_cast<int64_t>(blockIdx.x) * (kWarps / split) + warp / split;
+  const bool live = tile < tiles;
+  const int64_t chunks = p.K / 32;
+  const int64_t kv = p.K / 8;  // 16-byte vectors per row
+
+  // This lane's weight rows (tile rows g and g + 8; SwiGLU: and their up rows)
+  // and token rows (g of each 8-token tile), as 16-byte vector pointers at
+  // element 8t of the chunk.
+  const uint4* wv = static_cast<const uint4*>(p.w);
+  const uint4* w_lo[kAcc];
+  const uint4* w_hi[kAcc];
+#pragma unroll
+  for (int a = 0; a < kAcc; ++a) {
+    const int64_t r = (live ? tile : 0) * 16 + g + a * p.N;
+    w_lo[a] = wv + r * kv + t;
+    w_hi[a] = wv + (r + 8) * kv + t;
+  }
+  const uint4* xv = static_cast<const uint4*>(p.x);
+
+  float acc[kAcc][kNT][4];
+#pragma unroll
+  for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[a][n][j] = 0.0f;
+
+  // Weights do not depend on the previous kernel: wait (PDL) only before x.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (live) {
+    for (int64_t c0 = static_cast<int64_t>(slice) * kC; c0 < chunks; c0 += static_cast<int64_t>(split) * kC) {
+      uint4 lo[kAcc][kC], hi[kAcc][kC], xb[kC][kNT];
+#pragma unroll
+      for (int i = 0; i < kC; ++i) {
+        const int64_t c = c0 + i;
+        if (c >= chunks) break;
+#pragma unroll
+        for (int a = 0; a < kAcc; ++a) {
+          lo[a][i] = LoadWeights(w_lo[a] + c * 4);
+          hi[a][i] = LoadWeights(w_hi[a] + c * 4);
+        }
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          const int64_t tok = n * 8 + g;
+          xb[i][n] = tok < p.M ? __ldg(xv + tok * kv + c * 4 + t) : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kC; ++i) {
+        if (c0 + i >= chunks) break;
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {  // the chunk's two k-steps: elements (0-3) and (4-7) of each lane
+#pragma unroll
+          for (int a = 0; a < kAcc; ++a) {
+            const uint32_t* l = reinterpret_cast<const uint32_t*>(&lo[a][i]);
+            const uint32_t* h = reinterpret_cast<const uint32_t*>(&hi[a][i]);
+            const uint32_t frag[4] = {l[2 * ks], h[2 * ks], l[2 * ks + 1], h[2 * ks + 1]};
+#pragma unroll
+            for (int n = 0; n < kNT; ++n) {
+              const uint32_t* b = reinterpret_cast<const uint32_t*>(&xb[i][n]);
+              Mma16816<T>(acc[a][n], frag, b[2 * ks], b[2 * ks + 1]);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (split > 1) {
+    // Slices 1.. hand their tiles to slice 0 of the group through shared memory.
+    if (slice != 0) {
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) partial[warp][a][n][j][lane] = acc[a][n][j];
+    }
+    __syncthreads();
+    if (slice != 0) return;
+    for (int s = 1; s < split; ++s) {
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a)
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[a][n][j] += partial[warp + s][a][n][j][lane];
+    }
+  }
+  if (!live) return;
+  // Accumulator j of tile n: feature tile*16 + g (+8 for j >= 2), token n*8 + 2t (+1 for odd j).
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t tok = n * 8 + 2 * t + (j & 1);
+      const int64_t f = tile * 16 + g + (j >= 2 ? 8 : 0);
+      if (tok >= p.M) continue;
+      float v = acc[0][n][j];
+      if constexpr (kSwiglu) v = v / (1.0f + __expf(-v)) * acc[1][n][j];
+      y[tok * p.N + f] = FromFloat<T>(v);
+    }
+  }
+}
+
+template <typename T, bool kSwiglu>
+CudaStatus LaunchTyped(const SkinnyParams& p, cudaStream_t stream) {
+  auto kernel = p.M <= 16 ? SkinnyGemmKernel<T, 2, kSwiglu> : SkinnyGemmKernel<T, 4, kSwiglu>;
+  int device = 0, sms = 0, per_sm = 0;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
+    return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
+      !s.ok())
+    return s;
+  // Split K over up to kWarps warps while the tiles alone leave the GPU's
+  // warp slots mostly empty (a 2048-wide output is only 128 tiles).
+  const int64_t tiles = p.N / 16;
+  const int64_t resident = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kWarps;
+  int split = 1;
+  const int64_t chunks_in_flight = (kSwiglu ? 4 : 8) / (p.M <= 16 ? 2 : 4);  // kC of the kernel
+  while (split < kWarps && tiles * split * 2 <= resident && p.K / 32 >= split * 2 * chunks_in_flight) split *= 2;
+  const int64_t per_block = kWarps / split;
+  const int64_t blocks = (tiles + per_block - 1) / per_block;
+  if (blocks > 0x7fffffff) return CudaStatus::Error("skinny GEMM: N too large");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cuda::PdlEnabled() ? 1 : 0;
+  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, split));
+}
+
+template <bool kSwiglu>
+CudaStatus LaunchDtype(DType dtype, const SkinnyParams& p, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kBF16: return LaunchTyped<__nv_bfloat16, kSwiglu>(p, stream);
+    case DType::kF16: return LaunchTyped<__half, kSwiglu>(p, stream);
+    default: return CudaStatus::Unsupported("skinny GEMM: bf16/fp16 only");
+  }
+}
+
+}  // namespace
+
+bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && M > 0 && M <= kSkinnyMaxM && N > 0 && N % 16 == 0 &&
+         K > 0 && K % 32 == 0 && cuda::Aligned16(x) && cuda::Aligned16(w);
+}
+
+CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                            cudaStream_t stream) {
+  if (!SkinnyGemmSupported(dtype, M, N, K, x, w)) return CudaStatus::Unsupported("skinny GEMM: unsupported problem");
+  return LaunchDtype<false>(dtype, SkinnyParams{x, w, y, M, N, K}, stream);
+}
+
+CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                              void* h, cudaStream_t stream) {
+  if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up)) {
+    return CudaStatus::Unsupported("skinny SwiGLU: unsupported problem");
+  }
+  return LaunchDtype<true>(dtype, SkinnyParams{x, gate_up, h, M, I, D}, stream);
+}
+
+}  // namespace fusedserve

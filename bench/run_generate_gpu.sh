@@ -3,8 +3,9 @@
 # fusedserve_loadgen, gpu_model_bench): decode-step times of the CUDA model
 # runner, then Generate through gRPC with the llama-3.2-1b preset (random
 # bf16 weights) at concurrency 1, 16 and 64. Usage: run_generate_gpu.sh BUNDLE
+# (SKIP_MODEL_BENCH=1: the gRPC part only)
 b=$1
-"$b/env.sh" "$b/bin/gpu_model_bench"
+[ "${SKIP_MODEL_BENCH:-0}" = 1 ] || "$b/env.sh" "$b/bin/gpu_model_bench"
 "$b/env.sh" "$b/bin/fusedserve" --listen=127.0.0.1:50151 --metrics_listen=127.0.0.1:9191 --tuning_cache= \
     --tune_at_startup=false --model_preset=llama-3.2-1b --max_running=64 > /tmp/srv.log 2>&1 &
 srv=$!

@@ -292,6 +292,21 @@ CudaStatus LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, si
   return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// Blocks of `threads` threads of `kernel` the current device holds at once
+// (SMs x blocks per SM): the size of one full wave.
+template <typename Kernel>
+CudaStatus ResidentBlocks(Kernel kernel, int threads, int64_t* blocks) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
+    return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+      !s.ok())
+    return s;
+  *blocks = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
+  return CudaStatus::Ok();
+}
+
 __host__ __device__ inline int64_t CeilDivDevice(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- host side -----------------------------------------------------------------

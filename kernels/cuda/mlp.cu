@@ -273,15 +273,10 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
   // wave starts late and all warps drain together. (With one unit per warp,
   // the SwiGLU gate_up GEMV ran as 1.7 waves of 16 KB-per-warp blocks.)
   // Units fewer than the resident warps are split over 2 or 4 warps.
-  int device = 0, sms = 0, per_sm = 0;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
-    return s;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * 32, 0));
-      !s.ok())
-    return s;
+  int64_t resident_blocks = 0;
+  if (CudaStatus s = cuda::ResidentBlocks(kernel, kGemvWarps * 32, &resident_blocks); !s.ok()) return s;
   const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
-  const int64_t resident_warps = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kGemvWarps;
+  const int64_t resident_warps = resident_blocks * kGemvWarps;
   int split = 1;
   while (split < kGemvWarps && units * split * 2 <= resident_warps) split *= 2;
   const int64_t unit_slots = resident_warps / split;  // warp groups resident at once
@@ -290,16 +285,8 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
   const int64_t groups_per_block = kGemvWarps / split;
   const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
   if (blocks > 0x7fffffff) return CudaStatus::Error("GEMV: N too large");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kGemvWarps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cuda::PdlEnabled() ? 1 : 0;
-  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, units_per_warp, split));
+  return cuda::LaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kGemvWarps * 32), 0, stream, 1, p,
+                            units_per_warp, split);
 }
 
 template <bool kSwiglu>

@@ -150,33 +150,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams 
 template <typename T, bool kSwiglu>
 CudaStatus LaunchTyped(const SkinnyParams& p, cudaStream_t stream) {
   auto kernel = p.M <= 16 ? SkinnyGemmKernel<T, 2, kSwiglu> : SkinnyGemmKernel<T, 4, kSwiglu>;
-  int device = 0, sms = 0, per_sm = 0;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
-    return s;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0));
-      !s.ok())
-    return s;
+  int64_t resident_blocks = 0;
+  if (CudaStatus s = cuda::ResidentBlocks(kernel, kWarps * 32, &resident_blocks); !s.ok()) return s;
   // Split K over up to kWarps warps while the tiles alone leave the GPU's
   // warp slots mostly empty (a 2048-wide output is only 128 tiles).
   const int64_t tiles = p.N / 16;
-  const int64_t resident = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kWarps;
+  const int64_t resident = resident_blocks * kWarps;
   int split = 1;
   const int64_t chunks_in_flight = (kSwiglu ? 4 : 8) / (p.M <= 16 ? 2 : 4);  // kC of the kernel
   while (split < kWarps && tiles * split * 2 <= resident && p.K / 32 >= split * 2 * chunks_in_flight) split *= 2;
   const int64_t per_block = kWarps / split;
   const int64_t blocks = (tiles + per_block - 1) / per_block;
   if (blocks > 0x7fffffff) return CudaStatus::Error("skinny GEMM: N too large");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cuda::PdlEnabled() ? 1 : 0;
-  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, split));
+  return cuda::LaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream, 1, p, split);
 }
 
 template <bool kSwiglu>

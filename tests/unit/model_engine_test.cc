@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -219,6 +220,23 @@ std::vector<int32_t> RunAlone(GenerationRequest r, EngineOptions o = {}) {
   return sink->tokens;
 }
 
+// Submits every request at once to `engine`; each must get exactly the
+// tokens it gets alone.
+void ExpectTokensAsAlone(Engine& engine, const std::vector<GenerationRequest>& reqs,
+                         const std::vector<std::vector<int32_t>>& alone, const std::string& what) {
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const auto& r : reqs) {
+    sinks.push_back(std::make_shared<RecordingSink>());
+    ASSERT_TRUE(engine.Submit(r, sinks.back()).ok());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    sinks[i]->done.WaitForNotification();
+    EXPECT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
+    EXPECT_EQ(sinks[i]->tokens, alone[i]) << "request " << i << ", " << what;
+    EXPECT_EQ(sinks[i]->result.prompt_tokens, static_cast<int64_t>(reqs[i].prompt.size()));
+  }
+}
+
 TEST(EngineTest, GeneratesWithStats) {
   auto engine = *Engine::Create(TinyRunner(), nullptr, {});
   auto sink = std::make_shared<RecordingSink>();
@@ -305,17 +323,7 @@ TEST(EngineTest, ChunkedPrefillKeepsTokens) {
     o.max_batched_tokens = 12;
     o.prefill_chunk_tokens = chunk;
     auto engine = *Engine::Create(TinyRunner(), nullptr, o);
-    std::vector<std::shared_ptr<RecordingSink>> sinks;
-    for (const auto& r : reqs) {
-      sinks.push_back(std::make_shared<RecordingSink>());
-      ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
-    }
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      sinks[i]->done.WaitForNotification();
-      EXPECT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
-      EXPECT_EQ(sinks[i]->tokens, alone[i]) << "request " << i << ", chunk " << chunk;
-      EXPECT_EQ(sinks[i]->result.prompt_tokens, static_cast<int64_t>(reqs[i].prompt.size()));
-    }
+    ExpectTokensAsAlone(*engine, reqs, alone, "chunk " + std::to_string(chunk));
   }
 }
 
@@ -330,16 +338,7 @@ TEST(EngineTest, PreemptionUnderASmallCacheKeepsTokens) {
   std::vector<std::vector<int32_t>> alone;
   for (const auto& r : reqs) alone.push_back(RunAlone(r));
   auto engine = *Engine::Create(TinyRunner(), nullptr, small);
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-  for (const auto& r : reqs) {
-    sinks.push_back(std::make_shared<RecordingSink>());
-    ASSERT_TRUE(engine->Submit(r, sinks.back()).ok());
-  }
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    sinks[i]->done.WaitForNotification();
-    EXPECT_TRUE(sinks[i]->status.ok()) << sinks[i]->status;
-    EXPECT_EQ(sinks[i]->tokens, alone[i]) << "request " << i;
-  }
+  ExpectTokensAsAlone(*engine, reqs, alone, "small cache");
 }
 
 TEST(EngineTest, QueueLimitAndCancellation) {

@@ -9,10 +9,10 @@
 //                        per lane, all issued before use, the next block-table
 //                        lookups in flight meanwhile) and keeps an online
 //                        softmax for all the query heads sharing that kv head
-//                        (GQA: K/V read once), the
-//                        groups are merged through shared memory at the end.
-//                        With context splits, the last CTA of a (row, kv
-//                        head) to finish merges the splits' (max, sum, acc).
+//                        (GQA: K/V read once); the groups are merged through
+//                        shared memory at the end. With context splits, the
+//                        last CTA of a (row, kv head) to finish merges the
+//                        splits' (max, sum, acc): no combine kernel.
 // The CPU reference of all of them is the CPU model runner
 // (server/model_cpu_runner.cc); tests/gpu/model_cuda_test.cc compares the two.
 #include <cuda_bf16.h>

@@ -31,10 +31,12 @@ struct SkinnyParams {
 
 __device__ __forceinline__ uint4 LoadWeights(const uint4* p) { return __ldcs(p); }  // read once: stream past L1/L2
 
-// kNT tiles of 8 tokens (M <= 8 kNT); kC chunks of 32 in flight per warp.
+// kNT tiles of 8 tokens (M <= 8 kNT); each warp keeps kC chunks of 32 in
+// flight (fewer with more token tiles or the second SwiGLU matrix, so the
+// kernel stays within 128 registers: two blocks per SM).
 template <typename T, int kNT, bool kSwiglu>
 __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams p, int split) {
-  constexpr int kC = (kSwiglu ? 4 : 8) / kNT;  // 16-byte weight loads in flight: 8 / kNT per row group
+  constexpr int kC = (kSwiglu ? 4 : 8) / kNT;
   constexpr int kAcc = kSwiglu ? 2 : 1;  // gate and up
   __shared__ float partial[kWarps][kAcc][kNT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

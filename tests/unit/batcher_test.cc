@@ -615,10 +615,10 @@ void InlineRuns(bool batching) {
       n.Notify();
     };
     EXPECT_TRUE((*s)->Submit(std::move(task)).ok());
-    const bool answered_in_submit = n.HasBeenNotified();
+    // Which thread answered is the observable; whether Submit had returned by
+    // then is not (a worker can answer a queued request before the caller looks).
     n.WaitForNotification();
     EXPECT_TRUE(ok);
-    EXPECT_EQ(answered_in_submit, id == std::this_thread::get_id());
     return id;
   };
   const std::thread::id me = std::this_thread::get_id();

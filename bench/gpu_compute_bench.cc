@@ -26,19 +26,12 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cuda/dispatch.h"
+#include "bench/bench_common.h"
 #include "kernels/op.h"
 
 namespace fusedserve {
 namespace {
 
-#define BENCH_CHECK(expr)                                                                      \
-  do {                                                                                         \
-    cudaError_t e_ = (expr);                                                                   \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 #define LT_CHECK(expr)                                                                         \
   do {                                                                                         \
     cublasStatus_t s_ = (expr);                                                                \
@@ -254,13 +247,9 @@ std::string Fmt(const char* f, double a) {
 double g_copy_gbs = 0, g_gemm_tflops = 0;
 
 void Ceilings(PlainLt& lt) {
-  const size_t bytes = 1ull << 30;
-  void* a = Alloc(bytes);
-  void* b = Alloc(bytes, false);
-  const double us = TimeUs([&](int) { BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_stream)); }, 20);
-  g_copy_gbs = 2.0 * bytes / (us * 1e-6) / 1e9;
+  g_copy_gbs = bench::CopyBandwidthGBs(g_stream);
+  const double us = 2.0 * (1ull << 30) / (g_copy_gbs * 1e9) * 1e6;
   Add({"ceiling", "copy", "1 GiB D2D", "cudaMemcpyAsync", us, g_copy_gbs, "GB/s", 100.0, "read+write bytes"});
-  FreeAll();
   const int64_t n = 8192;
   void* x = Alloc(n * n * 2);
   void* w = Alloc(n * n * 2);

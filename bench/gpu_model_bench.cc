@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "bench/bench_common.h"
 #include "kernels/cuda/gemm.h"
 #include "server/engine.h"
 #include "server/model_cuda_runner.h"
@@ -35,26 +36,6 @@ namespace fusedserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double CopyBandwidth() {
-  const size_t bytes = size_t{1} << 30;
-  void *a = nullptr, *b = nullptr;
-  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-  const int iters = 20;
-  cudaEventRecord(e0);
-  for (int i = 0; i < iters; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaFree(a);
-  cudaFree(b);
-  return 2.0 * bytes * iters / (ms * 1e-3);  // read + write
-}
 
 std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens, int64_t kv_blocks, int64_t bs) {
   CudaModelRunnerOptions o;
@@ -308,7 +289,7 @@ int Main() {
   }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  const double bw = CopyBandwidth();
+  const double bw = bench::CopyBandwidthGBs(nullptr) * 1e9;  // bytes/s, read + write
   std::printf("device %s, copy bandwidth %.0f GB/s (read + write)\n", prop.name, bw / 1e9);
   const char* only = std::getenv("FS_BENCH");  // e.g. FS_BENCH=gemm runs only that section
   const std::string sel = only == nullptr ? "" : only;

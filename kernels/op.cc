@@ -102,6 +102,11 @@ HostTensor RandomTensor(DType dtype, std::vector<int64_t> shape, std::mt19937_64
 
 }  // namespace
 
+double AttentionScale(const OpRequest& r) {
+  const double s = r.f("scale");
+  return s != 0.0 ? s : 1.0 / std::sqrt(static_cast<double>(r.in("q").dim(-1)));
+}
+
 OpRequest MakeRandomRequest(const std::string& op, DType dtype, const std::vector<int64_t>& key, uint64_t seed) {
   std::mt19937_64 rng(seed);
   OpRequest r;

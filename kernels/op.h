@@ -64,6 +64,10 @@ std::vector<int64_t> TuningKey(const OpRequest& request);
 // values in [-1, 1) (weights near 1 for norms), positions 0..T-1, one
 // sequence for attention, lengths = L for decode. Attributes at defaults
 // (linear: activation "none"). Used by tests, benchmarks and the autotuner.
+// The softmax scale of attention / attention_decode: the "scale" attribute,
+// or 1/sqrt(head dim) when it is 0 (its default).
+double AttentionScale(const OpRequest& r);
+
 OpRequest MakeRandomRequest(const std::string& op, DType dtype, const std::vector<int64_t>& key, uint64_t seed);
 
 // Returns the tuned config string for (op, dtype, TuningKey), or "" to use

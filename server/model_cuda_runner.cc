@@ -729,11 +729,8 @@ class CudaModelRunner final : public ModelRunner {
       a.D = Dh;
       a.causal = true;
       a.scale = scale;
-      // 64-row CTAs while 128-row ones would give the SMs fewer than two
-      // waves (the rule of dispatch_compute.cc's attention_prefill).
-      const int64_t ctas128 = (st.max_prefill + 127) / 128 * Hq * st.B;
-      const int block_m = ctas128 < 4 * std::max(1, sm_count_) ? 64 : 128;
-      if (absl::Status status = ToAbsl(LaunchAttentionPrefill(a, block_m, 4, stream_), "attention prefill");
+      if (absl::Status status =
+              ToAbsl(LaunchAttentionPrefill(a, DefaultPrefillBlockM(a, sm_count_), 4, stream_), "attention prefill");
           !status.ok())
         return status;
       if (st.block_layers) return absl::OkStatus();

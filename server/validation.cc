@@ -262,7 +262,7 @@ absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
     if (!(scale >= 0) || !std::isfinite(scale)) {
       return Invalid(absl::StrCat(r.op, ": attribute 'scale' is ", scale, ", expected a finite value > 0"));
     }
-    if (scale == 0) r.attrs["scale"] = 1.0 / std::sqrt(static_cast<double>(r.in("q").dim(-1)));
+    r.attrs["scale"] = AttentionScale(r);  // the default (0) made explicit
   }
   return absl::OkStatus();
 }

@@ -71,14 +71,14 @@ class CpuBackend : public Backend {
       const HostTensor& k = r.in("k");
       const HostTensor& sl = r.in("seq_lens");
       cpu::Attention(F("q").data(), F("k").data(), F("v").data(), sl.ToInt64().data(), sl.dim(0), q.dim(0),
-                     q.dim(1), k.dim(1), q.dim(2), r.b("causal"), static_cast<float>(r.f("scale")),
+                     q.dim(1), k.dim(1), q.dim(2), r.b("causal"), static_cast<float>(AttentionScale(r)),
                      out["o"].data());
     } else if (op == "attention_decode") {
       const HostTensor& q = r.in("q");
       const HostTensor& kc = r.in("k_cache");
       cpu::AttentionDecode(F("q").data(), F("k_cache").data(), F("v_cache").data(),
                            r.in("lengths").ToInt64().data(), q.dim(0), kc.dim(1), q.dim(1), kc.dim(2), q.dim(2),
-                           static_cast<float>(r.f("scale")), out["o"].data());
+                           static_cast<float>(AttentionScale(r)), out["o"].data());
     } else {
       return absl::UnimplementedError("op '" + op + "' has no CPU implementation");
     }

@@ -730,6 +730,13 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
 
+int DefaultPrefillBlockM(const AttentionArgs& a, int sm_count) {
+  // Measured B=1 S=2048 Hq=32 (512 CTAs of 128 rows): 154 us with 64 rows,
+  // 167 us with 128; B=4 S=2048 the other way, 513 vs 496 us.
+  const int64_t ctas128 = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;
+  return ctas128 < 4 * std::max(1, sm_count) ? 64 : 128;
+}
+
 CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
   if (!AttentionHeadDimSupported(a.D)) {
     return CudaStatus::Unsupported("attention: head dim " + std::to_string(a.D) + " not supported (64 or 128)");

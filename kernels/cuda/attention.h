@@ -40,6 +40,9 @@ bool AttentionHeadDimSupported(int D);
 //   (64, 4):  16 rows per warp, Q fragments kept in registers
 //   (128, 8): 16 rows per warp, Q in registers
 // Any other pair is an error.
+// The untuned choice of block_m (with 4 warps): 64-row CTAs while 128-row
+// ones would give the SMs (two CTAs each) fewer than two waves.
+int DefaultPrefillBlockM(const AttentionArgs& args, int sm_count);
 CudaStatus LaunchAttentionPrefill(const AttentionArgs& args, int block_m, int warps, cudaStream_t stream);
 
 struct DecodeArgs {

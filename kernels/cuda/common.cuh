@@ -202,6 +202,22 @@ __device__ __forceinline__ void Mma16816<__half>(float (&c)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// ---- cross-block merges ---------------------------------------------------------
+
+// For kernels whose blocks each publish a partial result and let the last
+// one to finish merge them (no second kernel). Called by one thread of a
+// block once the block's partials are written (and fenced, when other
+// threads wrote them): true in the last of `blocks` blocks, which resets
+// the counter so the next launch (or CUDA graph replay) starts from zero.
+// The caller fences again before reading the other blocks' partials, and
+// reads them past L1 (__ldcg).
+__device__ __forceinline__ bool LastBlockToFinish(unsigned* counter, unsigned blocks) {
+  __threadfence();
+  const bool last = atomicAdd(counter, 1u) == blocks - 1;
+  if (last) *counter = 0;
+  return last;
+}
+
 // ---- programmatic dependent launch (Hopper) ------------------------------------
 //
 // Every kernel here is launched with programmatic stream serialization: the

@@ -90,7 +90,6 @@ class CudaBackend : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device_)); !s.ok()) return ToAbsl(s);
     const DType dt = RequestDType(r);
-    const OpSpec* spec = FindOpSpec(r.op);
 
     // Lay out inputs then outputs in one arena; index inputs become I32.
     struct Slot {
@@ -101,10 +100,9 @@ class CudaBackend : public Backend {
     };
     std::vector<Slot> inputs, outputs;
     size_t total = 0;
-    for (const auto& [name, host] : r.inputs) {
-      const bool index = std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) !=
-                         spec->index_inputs.end();
-      DeviceTensor t{index ? DType::kI32 : host.dtype, host.shape, nullptr};
+    for (const auto& entry : r.inputs) {
+      const std::string& name = entry.first;
+      DeviceTensor t = DeviceInput(r, name);
       const size_t bytes = t.numel() * DTypeSize(t.dtype);
       inputs.push_back({name, t, total, bytes});
       total += AlignUp(bytes);
@@ -123,16 +121,7 @@ class CudaBackend : public Backend {
 
     DeviceTensorMap din, dout;
     for (Slot& slot : inputs) {
-      const HostTensor& src = r.in(slot.name);
-      if (slot.t.dtype == DType::kI32 && src.dtype != DType::kI32) {
-        const std::vector<int64_t> v = src.ToInt64();
-        for (size_t i = 0; i < v.size(); ++i) {
-          const int32_t x = static_cast<int32_t>(v[i]);
-          std::memcpy(host + slot.offset + 4 * i, &x, 4);
-        }
-      } else {
-        std::memcpy(host + slot.offset, src.data.data(), slot.bytes);
-      }
+      WriteDeviceInput(r, slot.name, host + slot.offset);
       slot.t.data = static_cast<char*>(dev) + slot.offset;
       din[slot.name] = slot.t;
     }
@@ -184,6 +173,28 @@ class CudaBackend : public Backend {
 };
 
 }  // namespace
+
+DeviceTensor DeviceInput(const OpRequest& r, const std::string& name) {
+  const HostTensor& host = r.in(name);
+  const OpSpec* spec = FindOpSpec(r.op);
+  const bool index = spec != nullptr && std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) !=
+                                            spec->index_inputs.end();
+  return DeviceTensor{index ? DType::kI32 : host.dtype, host.shape, nullptr};
+}
+
+void WriteDeviceInput(const OpRequest& r, const std::string& name, void* dst) {
+  const HostTensor& src = r.in(name);
+  if (DeviceInput(r, name).dtype == DType::kI32 && src.dtype != DType::kI32) {
+    const std::vector<int64_t> v = src.ToInt64();
+    char* out = static_cast<char*>(dst);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const int32_t x = static_cast<int32_t>(v[i]);
+      std::memcpy(out + 4 * i, &x, 4);
+    }
+  } else {
+    std::memcpy(dst, src.data.data(), src.data.size());
+  }
+}
 
 int CudaDeviceCount() {
   int n = 0;

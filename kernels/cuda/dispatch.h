@@ -31,6 +31,13 @@ struct DeviceTensor {
 };
 using DeviceTensorMap = std::map<std::string, DeviceTensor>;
 
+// Input `name` of a request as it lives on the device (data not set):
+// index inputs as I32, every other input in its own dtype.
+DeviceTensor DeviceInput(const OpRequest& r, const std::string& name);
+// Writes input `name`'s values in that device dtype to host memory `dst`
+// (numel x dtype size bytes), narrowing index values to int32.
+void WriteDeviceInput(const OpRequest& r, const std::string& name, void* dst);
+
 // Device scratch memory valid for the duration of one op (grown on demand,
 // reused across requests).
 class Scratch {

@@ -130,11 +130,6 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
   return GemmForward(g2, 0, ctx.stream);
 }
 
-float ScaleOf(const OpRequest& host, int64_t D) {
-  const double s = host.f("scale");
-  return static_cast<float>(s != 0.0 ? s : 1.0 / std::sqrt(static_cast<double>(D)));
-}
-
 CudaStatus RunAttention(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
                         DispatchContext& ctx) {
   const DeviceTensor& q = in.at("q");
@@ -154,17 +149,13 @@ CudaStatus RunAttention(const OpRequest& host, const DeviceTensorMap& in, const 
   a.B = static_cast<int>(lens.size());
   for (int64_t l : lens) a.max_seqlen = std::max<int>(a.max_seqlen, static_cast<int>(l));
   a.causal = host.b("causal");
-  a.scale = ScaleOf(host, a.D);
+  a.scale = static_cast<float>(AttentionScale(host));
   const std::string config = Config(ctx, host, a.dtype);
   int block_m = ParseInt(ConfigValue(config, "bm"), 0);
   int warps = ParseInt(ConfigValue(config, "w"), 4);
   const bool known = (block_m == 128 && (warps == 4 || warps == 8)) || (block_m == 64 && warps == 4);
   if (!known) {
-    // 64-row CTAs while 128-row ones would give the SMs (two CTAs each) fewer
-    // than two waves: measured B=1 S=2048 Hq=32 (512 CTAs of 128 rows) 154 us
-    // with 64 rows, 167 us with 128; B=4 S=2048 the other way, 513 vs 496 us.
-    const int64_t ctas128 = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;
-    block_m = ctas128 < 4 * std::max(1, ctx.sm_count) ? 64 : 128;
+    block_m = DefaultPrefillBlockM(a, ctx.sm_count);
     warps = 4;
   }
   return LaunchAttentionPrefill(a, block_m, warps, ctx.stream);
@@ -186,7 +177,7 @@ CudaStatus RunAttentionDecode(const OpRequest& host, const DeviceTensorMap& in, 
   a.D = static_cast<int>(q.shape[2]);
   a.L = static_cast<int>(kc.shape[1]);
   a.Hkv = static_cast<int>(kc.shape[2]);
-  a.scale = ScaleOf(host, a.D);
+  a.scale = static_cast<float>(AttentionScale(host));
   int splits = ParseInt(ConfigValue(Config(ctx, host, a.dtype), "splits"), 0);
   if (splits <= 0) splits = DecodeDefaultSplits(a.dtype, a.B, a.L, a.Hq, a.Hkv, a.D, ctx.sm_count);
   splits = std::max(1, std::min(splits, std::max(1, a.L)));

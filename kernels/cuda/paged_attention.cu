@@ -256,11 +256,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned* done = ws.done + static_cast<int64_t>(r) * p.Hkv + hk;
-    last = atomicAdd(done, 1u) == static_cast<unsigned>(splits - 1);
-    if (last) *done = 0;  // ready for the next launch (or graph replay)
-  }
+  if (threadIdx.x == 0) last = LastBlockToFinish(ws.done + static_cast<int64_t>(r) * p.Hkv + hk, splits);
   __syncthreads();
   if (!last) return;
   __threadfence();

@@ -81,9 +81,7 @@ __global__ void __launch_bounds__(kThreads) ArgmaxRowsKernel(const T* logits, in
   }
   if (threadIdx.x == 0) {
     partial[static_cast<int64_t>(row) * kMaxChunks + c] = b;
-    __threadfence();
-    last = atomicAdd(done + row, 1u) == static_cast<unsigned>(chunks - 1);
-    if (last) done[row] = 0;  // ready for the next launch (or graph replay)
+    last = LastBlockToFinish(done + row, chunks);
   }
   __syncwarp();
   if (!last) return;

@@ -117,22 +117,13 @@ class TestScratch : public Scratch {
 
 // Runs `r` on device 0 with `config` (empty: defaults); returns outputs as fp32.
 std::map<std::string, Vec> RunOnGpu(const OpRequest& r, const std::string& config) {
-  const OpSpec* spec = FindOpSpec(r.op);
   std::vector<void*> allocations;
   DeviceTensorMap in, out;
-  for (const auto& [name, host] : r.inputs) {
-    const bool index = std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) !=
-                       spec->index_inputs.end();
-    DeviceTensor t{index ? DType::kI32 : host.dtype, host.shape, nullptr};
-    std::string bytes = host.data;
-    if (index) {
-      const std::vector<int64_t> v = host.ToInt64();
-      bytes.resize(v.size() * 4);
-      for (size_t i = 0; i < v.size(); ++i) {
-        const int32_t x = static_cast<int32_t>(v[i]);
-        std::memcpy(&bytes[4 * i], &x, 4);
-      }
-    }
+  for (const auto& entry : r.inputs) {
+    const std::string& name = entry.first;
+    DeviceTensor t = DeviceInput(r, name);
+    std::string bytes(t.numel() * DTypeSize(t.dtype), '\0');
+    WriteDeviceInput(r, name, bytes.data());
     EXPECT_EQ(cudaMalloc(&t.data, std::max<size_t>(bytes.size(), 16)), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(t.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
     allocations.push_back(t.data);

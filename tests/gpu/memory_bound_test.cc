@@ -143,21 +143,13 @@ void CheckOp(const std::string& op, DType dt, const std::vector<int64_t>& key, c
 
   DeviceMem mem;
   DeviceTensorMap in, out;
-  const OpSpec* spec = FindOpSpec(op);
-  ASSERT_NE(spec, nullptr);
-  for (const auto& [name, host] : r.inputs) {
-    const bool index =
-        std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) != spec->index_inputs.end();
-    DeviceTensor d{index ? DType::kI32 : host.dtype, host.shape, nullptr};
-    std::string bytes = host.data;
-    if (index) {
-      const std::vector<int64_t> v = host.ToInt64();
-      bytes.resize(v.size() * 4);
-      for (size_t i = 0; i < v.size(); ++i) {
-        const int32_t x = static_cast<int32_t>(v[i]);
-        std::memcpy(&bytes[4 * i], &x, 4);
-      }
-    }
+  ASSERT_NE(FindOpSpec(op), nullptr);
+  for (const auto& entry : r.inputs) {
+    const std::string& name = entry.first;
+    DeviceTensor d = DeviceInput(r, name);
+    const bool index = d.dtype == DType::kI32;  // index inputs stay aligned
+    std::string bytes(d.numel() * DTypeSize(d.dtype), '\0');
+    WriteDeviceInput(r, name, bytes.data());
     d.data = mem.Alloc(bytes.size(), misalign && !index ? DTypeSize(d.dtype) : 0);
     ASSERT_NE(d.data, nullptr);
     ASSERT_EQ(cudaMemcpy(d.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);

@@ -91,6 +91,16 @@ struct Seq {
   std::vector<int32_t> tokens;
   int64_t cached = 0;
   std::vector<int32_t> blocks;
+  // Its next step: every token not yet in the cache.
+  SeqForward Next() const {
+    SeqForward f;
+    f.start = cached;
+    f.tokens = tokens.data() + cached;
+    f.num_tokens = static_cast<int64_t>(tokens.size()) - cached;
+    f.block_table = blocks.data();
+    f.num_blocks = static_cast<int64_t>(blocks.size());
+    return f;
+  }
 };
 
 int Argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
@@ -129,12 +139,7 @@ TEST_P(ModelCudaTest, PrefillLogits) {
   for (size_t i = 0; i < lens.size(); ++i) {
     for (int64_t t = 0; t < lens[i]; ++t) seqs[i].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
     for (int64_t b = 0; b < (lens[i] + bs - 1) / bs; ++b) seqs[i].blocks.push_back(free_blocks[next++]);
-    SeqForward f;
-    f.tokens = seqs[i].tokens.data();
-    f.num_tokens = lens[i];
-    f.block_table = seqs[i].blocks.data();
-    f.num_blocks = static_cast<int64_t>(seqs[i].blocks.size());
-    batch.push_back(f);
+    batch.push_back(seqs[i].Next());
   }
   std::vector<float> lc, lg;
   ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
@@ -194,13 +199,7 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
       Seq& s = seqs[i];
       const int64_t len = static_cast<int64_t>(s.tokens.size());
       while (static_cast<int64_t>(s.blocks.size()) * bs < len) s.blocks.push_back(next_block++);
-      SeqForward f;
-      f.start = s.cached;
-      f.tokens = s.tokens.data() + s.cached;
-      f.num_tokens = len - s.cached;
-      f.block_table = s.blocks.data();
-      f.num_blocks = static_cast<int64_t>(s.blocks.size());
-      batch.push_back(f);
+      batch.push_back(s.Next());
       active.push_back(i);
     }
     std::vector<float> lc;
@@ -268,15 +267,7 @@ TEST_P(ModelCudaTest, DecodeBatchesOnTheSkinnyPath) {
     double worst = 0;
     for (int step = 0; step < 4; ++step) {  // step 0 prefills the prompts, then decodes
       std::vector<SeqForward> batch;
-      for (Seq& s : seqs) {
-        SeqForward f;
-        f.start = s.cached;
-        f.tokens = s.tokens.data() + s.cached;
-        f.num_tokens = static_cast<int64_t>(s.tokens.size()) - s.cached;
-        f.block_table = s.blocks.data();
-        f.num_blocks = 2;
-        batch.push_back(f);
-      }
+      for (const Seq& s : seqs) batch.push_back(s.Next());
       std::vector<float> lc, lg;
       ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
       absl::Status st = p.gpu->ForwardLogits(batch, &lg);

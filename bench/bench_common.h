@@ -1,0 +1,57 @@
+// What the GPU benchmarks share: a checked CUDA call that ends the run, the
+// median, and the copy-bandwidth ceiling every table is measured against.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define BENCH_CHECK(expr)                                                                    \
+  do {                                                                                       \
+    cudaError_t err_ = (expr);                                                               \
+    if (err_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__,           \
+                   cudaGetErrorString(err_));                                                \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+namespace fusedserve::bench {
+
+inline double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Device-to-device copy of 1 GiB, GB/s counting bytes read and written
+// (PEERS.md's ceiling): median of 10 after 3 warm-up copies.
+inline double CopyBandwidthGBs(cudaStream_t stream) {
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  BENCH_CHECK(cudaMalloc(&a, bytes));
+  BENCH_CHECK(cudaMalloc(&b, bytes));
+  BENCH_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  std::vector<double> ms;
+  for (int i = 0; i < 13; ++i) {
+    BENCH_CHECK(cudaEventRecord(e0, stream));
+    BENCH_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream));
+    BENCH_CHECK(cudaEventRecord(e1, stream));
+    BENCH_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (Median(ms) * 1e-3) / 1e9;
+}
+
+}  // namespace fusedserve::bench

@@ -2,6 +2,7 @@
 // holds one backend (CPU reference or CUDA) chosen at start-up.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -9,6 +10,11 @@
 #include "kernels/op.h"
 
 namespace fusedserve {
+
+// Polled by a backend between pieces of long work: OK to go on, or the status
+// the request ends with instead (the client cancelled, its deadline passed,
+// the server's drain ran out of time). Empty: never stop.
+using StopCheck = std::function<absl::Status()>;
 
 class Backend {
  public:
@@ -18,8 +24,10 @@ class Backend {
   // Human-readable device description (GPU name, or "CPU reference").
   virtual std::string device_name() const = 0;
   // Runs one op. The request has passed ValidateOpRequest; outputs have the
-  // dtype of the request's float inputs. Thread-safe.
-  virtual absl::StatusOr<TensorMap> Run(const OpRequest& request) = 0;
+  // dtype of the request's float inputs. Thread-safe. Work that can take long
+  // (the CPU reference) polls `stop` between pieces and returns its status.
+  virtual absl::StatusOr<TensorMap> Run(const OpRequest& request, const StopCheck& stop) = 0;
+  absl::StatusOr<TensorMap> Run(const OpRequest& request) { return Run(request, StopCheck()); }
 };
 
 // Output names and shapes of a validated request (same for every backend).

@@ -58,6 +58,50 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> OutputShapes(const OpR
   return {{"y", r.in("x").shape}};  // norms, softmax, gelu, swiglu_mlp
 }
 
+OpCost EstimateCost(const OpRequest& r) {
+  auto numel = [](const std::vector<int64_t>& shape) {
+    double n = 1;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    return n;
+  };
+  OpCost c;
+  const double elem = static_cast<double>(DTypeSize(RequestDType(r)));
+  double in_elems = 0, out_elems = 0;
+  for (const auto& [name, t] : r.inputs) in_elems += numel(t.shape);
+  for (const auto& [name, shape] : OutputShapes(r)) out_elems += numel(shape);
+  c.output_bytes = out_elems * elem;
+  // fp32 copies of every input and output, and the outputs in the request dtype.
+  c.scratch_bytes = 4 * (in_elems + out_elems) + c.output_bytes;
+  const std::string& op = r.op;
+  if (op == "linear") {
+    const double M = r.in("x").dim(0), K = r.in("x").dim(1), N = r.in("weight").dim(0);
+    c.flops = 2 * M * N * K + 2 * M * N;
+  } else if (op == "swiglu_mlp") {
+    const double M = r.in("x").dim(0), D = r.in("x").dim(1), I = r.in("down").dim(1);
+    c.flops = 6 * M * D * I + 4 * M * I;
+    c.scratch_bytes += 4 * 3 * M * I;  // gate|up [M, 2I] and the activation [M, I], fp32
+  } else if (op == "attention" || op == "attention_decode") {
+    // Scores and the weighted sum of V: 4 * D flops per (query head, key) pair.
+    const HostTensor& q = r.in("q");
+    const double per_pair = 4.0 * static_cast<double>(q.dim(1)) * static_cast<double>(q.dim(2));
+    double pairs = 0;
+    if (op == "attention_decode") {
+      for (int64_t len : r.in("lengths").ToInt64()) pairs += static_cast<double>(len);
+    } else {
+      const bool causal = r.b("causal");
+      for (int64_t len : r.in("seq_lens").ToInt64()) {
+        const double n = static_cast<double>(len);
+        pairs += causal ? n * (n + 1) / 2 : n * n;
+      }
+    }
+    c.flops = per_pair * pairs;
+  } else {
+    // Norms, softmax, activations, rope: a handful of flops per element.
+    c.flops = 8 * (in_elems + out_elems);
+  }
+  return c;
+}
+
 DType RequestDType(const OpRequest& r) {
   for (const auto& [name, t] : r.inputs) {
     if (IsFloat(t.dtype)) return t.dtype;

@@ -64,6 +64,20 @@ std::vector<int64_t> TuningKey(const OpRequest& request);
 // values in [-1, 1) (weights near 1 for norms), positions 0..T-1, one
 // sequence for attention, lengths = L for decode. Attributes at defaults
 // (linear: activation "none"). Used by tests, benchmarks and the autotuner.
+// What a validated request will cost, from its shapes alone, before anything
+// runs: the server bounds it (server/validation.h) so that a small request
+// cannot ask for a huge output, intermediate or amount of work. Doubles, so
+// no product of client-chosen dims can overflow.
+struct OpCost {
+  double output_bytes = 0;   // the response's tensors, in the request's dtype
+  // Working memory of the most demanding backend: fp32 copies of inputs and
+  // outputs (CPU reference) or device buffers (CUDA), plus intermediates
+  // such as swiglu_mlp's [M, 2I] activations.
+  double scratch_bytes = 0;
+  double flops = 0;  // a multiply-add counts 2
+};
+OpCost EstimateCost(const OpRequest& request);
+
 // The softmax scale of attention / attention_decode: the "scale" attribute,
 // or 1/sqrt(head dim) when it is 0 (its default).
 double AttentionScale(const OpRequest& r);

@@ -273,6 +273,8 @@ namespace {
 struct Pending {
   OpTask task;
   int64_t rows = 0;
+  int64_t bytes = 0;  // QueuedBytes
+  OpCost cost;
 };
 
 struct KeyQueue {
@@ -304,6 +306,10 @@ class Batcher : public OpScheduler {
     const std::string op = task.request.op;
     const BatchPolicy& policy = options_.policy(op);
     const bool may_inline = RunsInline(task.request, options_.inline_max_bytes);
+    const int64_t rows = shape ? shape->rows : 1;
+    const int64_t bytes = QueuedBytes(task.request);
+    const OpCost cost = EstimateCost(task.request);
+    Pending pending{std::move(task), rows, bytes, cost};
     absl::ReleasableMutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("server is shutting down");
     if (may_inline && queued_ == 0 && running_ == 0) {
@@ -315,7 +321,7 @@ class Batcher : public OpScheduler {
       ++running_;
       lock.Release();
       std::vector<Pending> batch;
-      batch.push_back(Pending{std::move(task), shape ? shape->rows : 1});
+      batch.push_back(std::move(pending));
       Launch(std::move(batch));
       return absl::OkStatus();
     }
@@ -328,6 +334,7 @@ class Batcher : public OpScheduler {
       return absl::ResourceExhaustedError(absl::StrCat("request queue for ", op, " is full (", policy.max_queue,
                                                        " queued); retry later"));
     }
+    if (absl::Status s = CheckQueuedBytes(queued_bytes_, bytes, options_.max_queued_bytes); !s.ok()) return s;
     const std::string key = shape ? shape->key : absl::StrCat("\x01solo", next_solo_++);
     KeyQueue& kq = queues_[key];
     if (kq.q.empty()) {
@@ -335,11 +342,12 @@ class Batcher : public OpScheduler {
       kq.policy = &policy;
     }
     kq.last_arrival = absl::Now();
-    const int64_t rows = shape ? shape->rows : 1;
     kq.rows += rows;
-    kq.q.push_back(Pending{std::move(task), rows});
+    kq.q.push_back(std::move(pending));
     ++queued_;
     ++op_queued;
+    queued_bytes_ += bytes;
+    metrics_->queued_bytes().Increment(static_cast<double>(bytes));
     metrics_->QueueDepth(op).Increment();
     cv_.Signal();
     return absl::OkStatus();
@@ -412,7 +420,8 @@ class Batcher : public OpScheduler {
     mu_.Unlock();
   }
 
-  // Pops the head and every following request that fits within the cap. The cap is the largest preferred size the queue
+  // Pops the head and every following request that fits within the cap and
+  // the launch cost bounds. The cap is the largest preferred size the queue
   // reaches (so kernels see the sizes they were tuned for), else max_rows.
   std::vector<Pending> TakeBatch(std::map<std::string, KeyQueue>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     KeyQueue& kq = it->second;
@@ -426,12 +435,22 @@ class Batcher : public OpScheduler {
     }
     std::vector<Pending> batch;
     int64_t rows = 0;
+    OpCost cost;
     while (!kq.q.empty()) {
       Pending& next = kq.q.front();
-      if (!batch.empty() && (!kq.batchable || rows + next.rows > cap)) break;
+      const bool within_cost =
+          cost.flops + next.cost.flops <= options_.max_launch_flops &&
+          cost.output_bytes + cost.scratch_bytes + next.cost.output_bytes + next.cost.scratch_bytes <=
+              options_.max_launch_bytes;
+      if (!batch.empty() && (!kq.batchable || rows + next.rows > cap || !within_cost)) break;
       rows += next.rows;
+      cost.flops += next.cost.flops;
+      cost.output_bytes += next.cost.output_bytes;
+      cost.scratch_bytes += next.cost.scratch_bytes;
       kq.rows -= next.rows;
       --queued_;
+      queued_bytes_ -= next.bytes;
+      metrics_->queued_bytes().Decrement(static_cast<double>(next.bytes));
       --op_queued_[next.task.request.op];
       metrics_->QueueDepth(next.task.request.op).Decrement();
       batch.push_back(std::move(next));
@@ -450,15 +469,27 @@ class Batcher : public OpScheduler {
 
   // backend_->Run; `*counted` says whether running_ already counts this call
   // (the first call of a launch is counted when its batch is taken).
-  absl::StatusOr<TensorMap> RunBackend(const OpRequest& request, bool* counted) {
+  // RunOnBackend for the launch serving `tasks`; see scheduler.h for `stopped`.
+  absl::StatusOr<TensorMap> RunBackend(const OpRequest& request, const std::vector<const OpTask*>& tasks,
+                                       std::vector<absl::Status>* stopped, bool* counted) {
     if (!*counted) {
       absl::MutexLock lock(&mu_);
       ++running_;
     }
-    absl::StatusOr<TensorMap> result = backend_->Run(request);
+    absl::StatusOr<TensorMap> result = RunOnBackend(*backend_, request, tasks, stopped);
     *counted = false;
     Release();
     return result;
+  }
+
+  // One request run alone.
+  void RunAlone(OpTask* t, bool* counted) {
+    const absl::Time start = absl::Now();
+    std::vector<absl::Status> stopped;
+    absl::StatusOr<TensorMap> one = RunBackend(t->request, {t}, &stopped, counted);
+    metrics_->RecordKernel(t->request.op, absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->RecordBatch(t->request.op, 1);
+    t->done(std::move(one));
   }
 
   void Launch(std::vector<Pending> batch) {
@@ -480,10 +511,7 @@ class Batcher : public OpScheduler {
       return;
     }
     if (run.size() == 1) {
-      absl::StatusOr<TensorMap> result = RunBackend(run[0]->request, &counted);
-      metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - start));
-      metrics_->RecordBatch(op, 1);
-      run[0]->done(std::move(result));
+      RunAlone(run[0], &counted);
       return;
     }
     // Same key means same weight hash; confirm the bytes here, outside the
@@ -496,26 +524,26 @@ class Batcher : public OpScheduler {
                                return true;
                              }),
               run.end());
-    for (OpTask* t : odd) {
-      absl::StatusOr<TensorMap> one = RunBackend(t->request, &counted);
-      metrics_->RecordBatch(op, 1);
-      t->done(std::move(one));
-    }
+    for (OpTask* t : odd) RunAlone(t, &counted);
     if (run.size() == 1) {
-      absl::StatusOr<TensorMap> one = RunBackend(run[0]->request, &counted);
-      metrics_->RecordBatch(op, 1);
-      run[0]->done(std::move(one));
+      RunAlone(run[0], &counted);
       return;
     }
     std::vector<OutputLayout> layouts;
     std::vector<OpRequest*> parts;
+    std::vector<const OpTask*> tasks(run.begin(), run.end());
     for (OpTask* t : run) {
       layouts.push_back(OutputLayoutOf(t->request));
       parts.push_back(&t->request);
     }
     OpRequest merged = MergeRequests(parts);
-    absl::StatusOr<TensorMap> result = RunBackend(merged, &counted);
+    std::vector<absl::Status> stopped;
+    absl::StatusOr<TensorMap> result = RunBackend(merged, tasks, &stopped, &counted);
     metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - start));
+    if (!stopped.empty()) {  // every part was cancelled or expired: each gets its own reason
+      for (size_t i = 0; i < run.size(); ++i) run[i]->done(stopped[i]);
+      return;
+    }
     absl::StatusOr<std::vector<TensorMap>> split =
         result.ok() ? SplitOutputs(layouts, *std::move(result)) : result.status();
     if (split.ok()) {
@@ -526,13 +554,7 @@ class Batcher : public OpScheduler {
     // The merged launch failed (e.g. a size only the merged batch reaches is
     // unsupported): run each request alone, so the merge never changes an answer.
     RestoreNonRowInputs(merged, *parts.front());
-    for (OpTask* t : run) {
-      const absl::Time t0 = absl::Now();
-      absl::StatusOr<TensorMap> one = RunBackend(t->request, &counted);
-      metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - t0));
-      metrics_->RecordBatch(op, 1);
-      t->done(std::move(one));
-    }
+    for (OpTask* t : run) RunAlone(t, &counted);
   }
 
   Backend* const backend_;
@@ -543,6 +565,7 @@ class Batcher : public OpScheduler {
   std::map<std::string, KeyQueue> queues_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> op_queued_ ABSL_GUARDED_BY(mu_);
   int queued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // launches inside backend_->Run
   uint64_t next_solo_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time timer_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

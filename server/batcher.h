@@ -60,6 +60,11 @@ struct BatcherOptions {
   // one launch at a time), the worker count for the CPU reference.
   int parallel_launches = 1;
   int max_queue = 1024;      // queued requests (all ops) before RESOURCE_EXHAUSTED
+  int64_t max_queued_bytes = int64_t{1} << 30;  // their input bytes before RESOURCE_EXHAUSTED
+  // A merged launch stays within the per-request cost bounds (EstimateCost):
+  // merging never makes work that no single request could ask for.
+  double max_launch_bytes = double(int64_t{4} << 30);  // outputs + working memory
+  double max_launch_flops = 5e10;
   // A request that RunsInline(request, inline_max_bytes) accepts and that
   // finds the batcher idle (nothing queued, no launch running) is launched
   // alone on the submitting (gRPC) thread, before Submit returns: the launch

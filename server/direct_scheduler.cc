@@ -2,18 +2,60 @@
 // one backend call per request. Small requests that find the scheduler idle
 // run inline on the submitting thread (options.inline_max_bytes).
 #include <deque>
+#include <new>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/scheduler.h"
 
 namespace fusedserve {
 
 absl::Status CheckRunnable(const OpTask& task, absl::Time now) {
-  if (task.cancelled && task.cancelled()) return absl::CancelledError("request cancelled while queued");
-  if (now > task.deadline) return absl::DeadlineExceededError("deadline passed while the request was queued");
+  // The deadline first: gRPC also marks an expired call cancelled.
+  if (now > task.deadline) return absl::DeadlineExceededError("the request's deadline passed before it finished");
+  if (task.interrupted) return task.interrupted();
   return absl::OkStatus();
+}
+
+int64_t QueuedBytes(const OpRequest& request) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : request.inputs) bytes += static_cast<int64_t>(t.data.size());
+  return bytes;
+}
+
+absl::Status CheckQueuedBytes(int64_t queued, int64_t bytes, int64_t max_queued_bytes) {
+  if (queued + bytes <= max_queued_bytes || queued == 0) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("queued requests hold ", queued, " bytes; ", bytes,
+                                                   " more would pass the server's limit of ", max_queued_bytes,
+                                                   " (--max_queued_bytes); retry later"));
+}
+
+absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& request,
+                                       const std::vector<const OpTask*>& tasks, std::vector<absl::Status>* stopped) {
+  stopped->clear();
+  // Stop only when no task still wants the answer (a merged launch serves all).
+  auto stop = [&tasks, stopped]() -> absl::Status {
+    const absl::Time now = absl::Now();
+    std::vector<absl::Status> each;
+    for (const OpTask* t : tasks) {
+      absl::Status s = CheckRunnable(*t, now);
+      if (s.ok()) return s;
+      each.push_back(std::move(s));
+    }
+    *stopped = std::move(each);
+    return stopped->front();
+  };
+  try {
+    absl::StatusOr<TensorMap> result = backend.Run(request, stop);
+    if (result.ok()) stopped->clear();
+    return result;
+  } catch (const std::bad_alloc&) {
+    stopped->clear();
+    return absl::ResourceExhaustedError(
+        absl::StrCat(request.op, ": out of host memory while running the request; retry later or send less"));
+  }
 }
 
 bool RunsInline(const OpRequest& request, int64_t max_bytes) {
@@ -50,6 +92,10 @@ class DirectScheduler : public OpScheduler {
           return absl::ResourceExhaustedError("request queue is full (" + std::to_string(options_.max_queue) +
                                               " queued); retry later");
         }
+        const int64_t bytes = QueuedBytes(task.request);
+        if (absl::Status s = CheckQueuedBytes(queued_bytes_, bytes, options_.max_queued_bytes); !s.ok()) return s;
+        queued_bytes_ += bytes;
+        metrics_->queued_bytes().Increment(static_cast<double>(bytes));
         metrics_->QueueDepth(task.request.op).Increment();
         queue_.push_back(std::move(task));
         return absl::OkStatus();
@@ -90,6 +136,9 @@ class DirectScheduler : public OpScheduler {
         task = std::move(queue_.front());
         queue_.pop_front();
         ++running_;
+        const int64_t bytes = QueuedBytes(task.request);
+        queued_bytes_ -= bytes;
+        metrics_->queued_bytes().Decrement(static_cast<double>(bytes));
       }
       metrics_->QueueDepth(task.request.op).Decrement();
       Execute(task);
@@ -106,7 +155,8 @@ class DirectScheduler : public OpScheduler {
       task.done(s);
       return;
     }
-    absl::StatusOr<TensorMap> result = backend_->Run(task.request);
+    std::vector<absl::Status> stopped;
+    absl::StatusOr<TensorMap> result = RunOnBackend(*backend_, task.request, {&task}, &stopped);
     metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - start));
     metrics_->RecordBatch(op, 1);
     task.done(std::move(result));
@@ -119,6 +169,7 @@ class DirectScheduler : public OpScheduler {
   absl::Mutex mu_;
   std::deque<OpTask> queue_ ABSL_GUARDED_BY(mu_);
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // backend calls in progress (workers and inline)
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

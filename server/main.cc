@@ -2,8 +2,10 @@
 //   fusedserve [serve] --listen=0.0.0.0:50051 --metrics_listen=0.0.0.0:9090 ...
 //   fusedserve tune ...   fills the tuning cache for the envelope and exits
 // Start-up: pick the backend, start gRPC (health NOT_SERVING) and /metrics,
-// warm up, then report SERVING. SIGTERM/SIGINT: NOT_SERVING, stop accepting,
-// finish in-flight requests within --shutdown_grace_seconds, exit 0.
+// warm up, then report SERVING. SIGTERM/SIGINT during start-up: exit at once
+// (128 + signal). Once serving: NOT_SERVING, new calls get UNAVAILABLE,
+// running ones finish within --shutdown_grace_seconds (then get
+// UNAVAILABLE), exit 0. See server/lifecycle.h and docs/reliability.md.
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -25,7 +27,9 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "absl/synchronization/notification.h"
 #include "server/batcher.h"
+#include "server/lifecycle.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/model_rpc.h"
@@ -63,6 +67,14 @@ ABSL_FLAG(uint64_t, seed, 0, "Seed of the random weights of a built-in model");
 ABSL_FLAG(double, shutdown_grace_seconds, 30, "On SIGTERM, time given to in-flight requests before cancelling");
 ABSL_FLAG(int, max_message_bytes, 512 << 20, "Largest gRPC message accepted or sent, bytes");
 ABSL_FLAG(int64_t, max_tensor_elements, int64_t{1} << 28, "Largest tensor accepted, elements");
+ABSL_FLAG(int64_t, max_op_bytes, int64_t{4} << 30,
+          "Largest outputs + working memory one FusedOp may need, bytes (estimated from shapes before it runs); "
+          "larger requests get RESOURCE_EXHAUSTED");
+ABSL_FLAG(double, max_op_flops, 0,
+          "Most work one FusedOp may ask for, FLOPs (estimated from shapes before it runs); larger requests get "
+          "RESOURCE_EXHAUSTED. 0 = 2e14 on CUDA (well under a second), 5e10 on the CPU reference");
+ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
+          "Input bytes that queued FusedOp requests may hold together before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, inline_max_bytes, 0,
@@ -151,11 +163,15 @@ WarmupOptions WarmupOptionsFromFlags() {
 
 // The FusedOp scheduler: the dynamic batcher (--batching) or the direct FIFO.
 absl::StatusOr<std::unique_ptr<OpScheduler>> MakeScheduler(Backend* backend, Metrics* metrics,
-                                                          const DirectSchedulerOptions& direct) {
+                                                          const DirectSchedulerOptions& direct,
+                                                          const ValidationLimits& limits) {
   if (!absl::GetFlag(FLAGS_batching)) return MakeDirectScheduler(backend, metrics, direct);
   BatcherOptions o;
   o.threads = direct.threads;
   o.max_queue = direct.max_queue;
+  o.max_queued_bytes = direct.max_queued_bytes;
+  o.max_launch_bytes = limits.max_op_bytes;
+  o.max_launch_flops = limits.max_op_flops;
   o.inline_max_bytes = direct.inline_max_bytes;
   o.parallel_launches = absl::GetFlag(FLAGS_batch_parallel_launches);
   if (o.parallel_launches <= 0) o.parallel_launches = backend->name() == "cuda" ? 1 : direct.threads;
@@ -172,6 +188,18 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> MakeScheduler(Backend* backend, Met
   if (!per_op.ok()) return per_op.status();
   o.per_op = *std::move(per_op);
   return MakeBatcher(backend, metrics, o);
+}
+
+// Per-request bounds of FusedOp (validation.h); the work bound depends on
+// the backend: the CPU reference is ~1000x slower than a GPU.
+ValidationLimits LimitsFromFlags(const Backend& backend) {
+  ValidationLimits l;
+  l.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
+  l.max_op_bytes = static_cast<double>(absl::GetFlag(FLAGS_max_op_bytes));
+  l.max_op_flops = absl::GetFlag(FLAGS_max_op_flops);
+  if (l.max_op_flops <= 0) l.max_op_flops = backend.name() == "cuda" ? 2e14 : 5e10;
+  l.max_output_bytes = static_cast<double>(absl::GetFlag(FLAGS_max_message_bytes));
+  return l;
 }
 
 v1::GetServerInfoResponse MakeServerInfo(const Backend& backend, const WarmupReport& report,
@@ -206,7 +234,34 @@ void ExportWarmupReport(const WarmupReport& report, Metrics& metrics) {
   }
 }
 
-int Run(const std::string& mode) {
+// The drain after SIGTERM: NOT_SERVING at once; calls arriving from now on
+// get UNAVAILABLE from the handlers (retriable) while the gRPC port stays
+// open; running calls get until the grace ends, then UNAVAILABLE (FusedOps
+// stop at their next check, generations are ended by the engine); then the
+// port closes.
+void Drain(grpc::Server& server, FusedServeService& service, Engine& engine, Metrics& metrics) {
+  const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  const absl::Time grace_end = absl::Now() + absl::Seconds(grace);
+  LogInfo(absl::StrCat("draining (grace ", grace, " s)"));
+  server.GetHealthCheckService()->SetServingStatus(false);
+  metrics.ready().Set(0);
+  service.StartDrain();
+  absl::Notification drained;
+  std::thread grace_timer([&] {
+    if (drained.WaitForNotificationWithDeadline(grace_end)) return;
+    LogWarning("drain grace ended with calls still running; ending them with UNAVAILABLE");
+    service.AbortInFlight();
+    engine.Shutdown();
+  });
+  service.WaitIdle(grace_end - absl::Now());
+  // Generate streams still run; Shutdown waits for them (the timer ends
+  // them at grace_end) and cancels whatever is left a moment later.
+  server.Shutdown(absl::ToChronoTime(grace_end + absl::Seconds(1)));
+  drained.Notify();
+  grace_timer.join();
+}
+
+int Run(const std::string& mode, Lifecycle& lifecycle) {
   absl::StatusOr<std::unique_ptr<TuningService>> tuning = TuningService::Create(WarmupOptionsFromFlags());
   if (!tuning.ok()) {
     LogError("tuning cache: " + std::string(tuning.status().message()));
@@ -221,6 +276,11 @@ int Run(const std::string& mode) {
   auto log = [](const std::string& line) { LogInfo(line); };
 
   if (mode == "tune") {
+    if ((*backend)->name() != "cuda") {
+      LogError("fusedserve tune needs a CUDA GPU: kernel configs are tuned by timing them on the device, and "
+               "this host has none (--device=" + absl::GetFlag(FLAGS_device) + "); run it on the GPU node");
+      return 2;
+    }
     if (absl::Status s = (*tuning)->Warmup(backend->get(), log); !s.ok()) {
       LogError("tuning failed: " + std::string(s.message()));
       return 1;
@@ -249,8 +309,11 @@ int Run(const std::string& mode) {
     sched.threads = (*backend)->name() == "cuda" ? 2 : static_cast<int>(std::thread::hardware_concurrency());
   }
   sched.max_queue = absl::GetFlag(FLAGS_max_queue);
+  sched.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   sched.inline_max_bytes = absl::GetFlag(FLAGS_inline_max_bytes);
-  absl::StatusOr<std::unique_ptr<OpScheduler>> made_scheduler = MakeScheduler(backend->get(), &metrics, sched);
+  const ValidationLimits limits = LimitsFromFlags(**backend);
+  absl::StatusOr<std::unique_ptr<OpScheduler>> made_scheduler =
+      MakeScheduler(backend->get(), &metrics, sched, limits);
   if (!made_scheduler.ok()) {
     LogError(std::string(made_scheduler.status().message()));
     return 1;
@@ -313,7 +376,7 @@ int Run(const std::string& mode) {
   }
 
   ServiceOptions service_options;
-  service_options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
+  service_options.limits = limits;
   FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
   service.set_engine(engine->get());
 
@@ -341,40 +404,26 @@ int Run(const std::string& mode) {
   health->SetServingStatus(false);
   LogInfo(absl::StrCat("listening on ", listen, " (port ", bound_port, "); warming up"));
 
-  // Signals are blocked in every thread (see main); this one waits for them.
-  std::thread signal_thread([&] {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    int sig = 0;
-    sigwait(&set, &sig);
-    const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
-    LogInfo(absl::StrCat("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT", "; draining (grace ", grace, " s)"));
-    health->SetServingStatus(false);
-    metrics.ready().Set(0);
-    server->Shutdown(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(static_cast<int64_t>(grace * 1e6)));
-  });
-
   if (absl::Status s = (*tuning)->Warmup(backend->get(), log); !s.ok()) {
+    // Without a warm backend the server must not report SERVING.
     LogError("warm-up failed: " + std::string(s.message()));
-    // Without a warm backend the server must not report SERVING; stop.
-    kill(getpid(), SIGTERM);
-  } else {
-    const WarmupReport report = (*tuning)->report();
-    ExportWarmupReport(report, metrics);
-    v1::GetServerInfoResponse info = MakeServerInfo(**backend, report, absl::GetFlag(FLAGS_tuning_cache));
-    FillModelInfo(model_config, info.mutable_model());
-    service.set_server_info(std::move(info));
+    return 1;
+  }
+  const WarmupReport report = (*tuning)->report();
+  ExportWarmupReport(report, metrics);
+  v1::GetServerInfoResponse info = MakeServerInfo(**backend, report, absl::GetFlag(FLAGS_tuning_cache));
+  FillModelInfo(model_config, info.mutable_model());
+  service.set_server_info(std::move(info));
+  lifecycle.EnterServing([&] {
     service.set_ready(true);
     health->SetServingStatus(true);
     metrics.ready().Set(1);
     LogInfo(absl::StrCat("SERVING (warm-up ", report.seconds, " s)"));
-  }
+  });
 
+  lifecycle.WaitForShutdown();
+  Drain(*server, service, **engine, metrics);
   server->Wait();
-  signal_thread.join();
   (*engine)->Shutdown();
   scheduler->Shutdown();
   LogInfo("stopped");
@@ -385,13 +434,8 @@ int Run(const std::string& mode) {
 }  // namespace fusedserve
 
 int main(int argc, char** argv) {
-  // Block the shutdown signals before any thread starts so that only the
-  // signal thread receives them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // First: a SIGTERM from here on is never lost (see server/lifecycle.h).
+  fusedserve::Lifecycle& lifecycle = fusedserve::Lifecycle::Start();
 
   absl::SetProgramUsageMessage("fusedserve [serve|tune] --flags; see --help");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -400,7 +444,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fusedserve: unknown command '%s' (expected serve or tune)\n", mode.c_str());
     return 2;
   }
-  const int code = fusedserve::Run(mode);
+  const int code = fusedserve::Run(mode, lifecycle);
   // Everything is drained by now. Skip static destructors: civetweb's stop
   // alone waits ~2 s on its poll loop, which only delays pod termination.
   std::fflush(nullptr);

@@ -40,6 +40,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                       .Name("fusedserve_queue_depth")
                       .Help("FusedOp requests queued and not yet launched")
                       .Register(r);
+  queued_bytes_ = &prometheus::BuildGauge()
+                       .Name("fusedserve_queued_bytes")
+                       .Help("Input bytes held by queued FusedOp requests (bounded by --max_queued_bytes)")
+                       .Register(r)
+                       .Add({});
   kernel_duration_ = &prometheus::BuildHistogram()
                           .Name("fusedserve_kernel_duration_seconds")
                           .Help("Backend execution time of one launch (transfers included), seconds")

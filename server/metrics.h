@@ -32,6 +32,7 @@ class Metrics {
 
   prometheus::Registry& registry() { return *registry_; }
   prometheus::Gauge& ready() { return *ready_; }
+  prometheus::Gauge& queued_bytes() { return *queued_bytes_; }
   prometheus::Gauge& warmup_seconds() { return *warmup_seconds_; }
   prometheus::Counter& tuning_cache_hits() { return *tuning_hits_; }
   prometheus::Counter& tuning_cache_misses() { return *tuning_misses_; }
@@ -62,6 +63,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* kernel_duration_;
   prometheus::Family<prometheus::Counter>* tuning_rejected_;
   prometheus::Gauge* ready_;
+  prometheus::Gauge* queued_bytes_;
   prometheus::Gauge* warmup_seconds_;
   prometheus::Counter* tuning_hits_;
   prometheus::Counter* tuning_misses_;

@@ -32,6 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mlp.h"
 #include "kernels/cuda/norm.h"
@@ -42,11 +43,6 @@
 namespace fusedserve {
 namespace {
 
-absl::Status ToAbsl(const CudaStatus& s, const char* what) {
-  if (s.ok()) return absl::OkStatus();
-  const std::string m = absl::StrCat(what, ": ", s.message);
-  return s.unsupported ? absl::InvalidArgumentError(m) : absl::InternalError(m);
-}
 
 absl::Status Cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
@@ -590,11 +586,11 @@ class CudaModelRunner final : public ModelRunner {
     a.x = x;
     a.w = w;
     a.y = y;
-    if (GemvSupported(dt_, M, K, x, w)) return ToAbsl(LaunchGemv(a, stream_), "gemv");
+    if (GemvSupported(dt_, M, K, x, w)) return CudaToAbsl(LaunchGemv(a, stream_), "gemv");
     if (SkinnyGemmSupported(dt_, M, N, K, x, w)) {
-      return ToAbsl(LaunchSkinnyGemm(dt_, M, N, K, x, w, y, stream_), "skinny gemm");
+      return CudaToAbsl(LaunchSkinnyGemm(dt_, M, N, K, x, w, y, stream_), "skinny gemm");
     }
-    return ToAbsl(GemmForward(a, 0, stream_), "gemm");
+    return CudaToAbsl(GemmForward(a, 0, stream_), "gemm");
   }
 
   absl::Status Norm(cuda::NormKind kind, const void* x, const void* residual, const void* weight, int64_t rows, void* y,
@@ -610,26 +606,26 @@ class CudaModelRunner final : public ModelRunner {
     p.rows = rows;
     p.hidden = c_.hidden;
     p.eps = static_cast<float>(c_.rms_eps);
-    return ToAbsl(cuda::LaunchNorm(p, cuda::NormConfig{}, stream_), "rms_norm");
+    return CudaToAbsl(cuda::LaunchNorm(p, cuda::NormConfig{}, stream_), "rms_norm");
   }
 
   // Enqueues the whole step (no host synchronisation: also what a graph holds).
   absl::Status EnqueueForward(const Step& st) {
     if (absl::Status status =
-            ToAbsl(cuda::LaunchGatherRows(embed_.get(), Idx(ix_.tokens), st.T, c_.hidden * es_, x_[0].get(), stream_),
+            CudaToAbsl(cuda::LaunchGatherRows(embed_.get(), Idx(ix_.tokens), st.T, c_.hidden * es_, x_[0].get(), stream_),
                    "embedding");
         !status.ok())
       return status;
     if (absl::Status status = EnqueueLayers(st, 0, c_.layers); !status.ok()) return status;
     // h holds final_norm(x); the LM head runs on each sequence's last row.
     if (absl::Status status =
-            ToAbsl(cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
+            CudaToAbsl(cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
                    "last rows");
         !status.ok())
       return status;
     if (absl::Status status = Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get()); !status.ok())
       return status;
-    return ToAbsl(cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(),
+    return CudaToAbsl(cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(),
                                          stream_),
                   "greedy argmax");
   }
@@ -662,7 +658,7 @@ class CudaModelRunner final : public ModelRunner {
       rp.Hq = static_cast<int>(c_.q_heads);
       rp.Hkv = static_cast<int>(c_.kv_heads);
       rp.D = static_cast<int>(c_.head_dim);
-      if (absl::Status status = ToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
+      if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
         return status;
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
       if (absl::Status status = Linear(ao_.get(), L.wo.get(), T, qd, D, tmp_.get()); !status.ok()) return status;
@@ -673,19 +669,19 @@ class CudaModelRunner final : public ModelRunner {
       cur = 1 - cur;
       if (GemvSupported(dt_, T, D, h_.get(), L.gate_up.get())) {
         if (absl::Status status =
-                ToAbsl(LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu");
+                CudaToAbsl(LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu");
             !status.ok())
           return status;
       } else if (SkinnyGemmSupported(dt_, T, I, D, h_.get(), L.gate_up.get())) {
         if (absl::Status status =
-                ToAbsl(LaunchSkinnySwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "swiglu");
+                CudaToAbsl(LaunchSkinnySwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "swiglu");
             !status.ok())
           return status;
       } else {
         if (absl::Status status = Linear(h_.get(), L.gate_up.get(), T, D, 2 * I, gu_.get()); !status.ok())
           return status;
         if (absl::Status status =
-                ToAbsl(LaunchMlpSiluAndMul(dt_, T, I, gu_.get(), act_.get(), stream_), "silu_and_mul");
+                CudaToAbsl(LaunchMlpSiluAndMul(dt_, T, I, gu_.get(), act_.get(), stream_), "silu_and_mul");
             !status.ok())
           return status;
       }
@@ -730,7 +726,7 @@ class CudaModelRunner final : public ModelRunner {
       a.causal = true;
       a.scale = scale;
       if (absl::Status status =
-              ToAbsl(LaunchAttentionPrefill(a, DefaultPrefillBlockM(a, sm_count_), 4, stream_), "attention prefill");
+              CudaToAbsl(LaunchAttentionPrefill(a, DefaultPrefillBlockM(a, sm_count_), 4, stream_), "attention prefill");
           !status.ok())
         return status;
       if (st.block_layers) return absl::OkStatus();
@@ -762,7 +758,7 @@ class CudaModelRunner final : public ModelRunner {
       p.bt_stride_ptr = Idx(ix_.bt_width);
       p.block_size = static_cast<int>(block_size_);
     }
-    return ToAbsl(cuda::LaunchPagedAttention(p, st.splits, ws_.get(), stream_), "paged attention");
+    return CudaToAbsl(cuda::LaunchPagedAttention(p, st.splits, ws_.get(), stream_), "paged attention");
   }
 
   void DropGraphs() {

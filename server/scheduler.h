@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -19,7 +20,9 @@ struct OpTask {
   OpRequest request;
   absl::Time enqueued;
   absl::Time deadline = absl::InfiniteFuture();
-  std::function<bool()> cancelled;  // may be empty
+  // OK, or why the request must stop now: the client cancelled (CANCELLED),
+  // the server's drain ran out of time (UNAVAILABLE). May be empty.
+  std::function<absl::Status()> interrupted;
   // Called exactly once if Submit succeeded: from a worker thread, or from
   // inside Submit when the request runs inline (see RunsInline).
   std::function<void(absl::StatusOr<TensorMap>)> done;
@@ -38,6 +41,8 @@ class OpScheduler {
 struct DirectSchedulerOptions {
   int threads = 4;        // concurrent backend calls
   int max_queue = 1024;   // queued requests before RESOURCE_EXHAUSTED
+  // Input bytes of the queued requests before RESOURCE_EXHAUSTED.
+  int64_t max_queued_bytes = int64_t{1} << 30;
   // Requests that RunsInline accepts run on the submitting (gRPC) thread when
   // the scheduler is idle (nothing queued or running): no hand-off to a
   // worker. 0 disables.
@@ -55,5 +60,19 @@ std::unique_ptr<OpScheduler> MakeDirectScheduler(Backend* backend, Metrics* metr
 // Shared by schedulers: the status a queued task gets instead of running,
 // or OK when it should run.
 absl::Status CheckRunnable(const OpTask& task, absl::Time now);
+
+// The input bytes a queued request holds (what --max_queued_bytes counts).
+int64_t QueuedBytes(const OpRequest& request);
+
+// RESOURCE_EXHAUSTED naming --max_queued_bytes when `bytes` more would pass it.
+absl::Status CheckQueuedBytes(int64_t queued, int64_t bytes, int64_t max_queued_bytes);
+
+// backend.Run for a launch of `tasks` (one, or the parts of a merged
+// request): the backend stops early once every task is interrupted or past
+// its deadline, and then each task's own status is returned in `stopped`
+// (empty otherwise). A failed allocation (std::bad_alloc) becomes
+// RESOURCE_EXHAUSTED for this launch alone.
+absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& request,
+                                       const std::vector<const OpTask*>& tasks, std::vector<absl::Status>* stopped);
 
 }  // namespace fusedserve

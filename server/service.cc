@@ -43,11 +43,34 @@ void FusedServeService::set_server_info(v1::GetServerInfoResponse info) {
   info_ = std::move(info);
 }
 
+void FusedServeService::CallStarted() {
+  absl::MutexLock lock(&calls_mu_);
+  ++calls_in_flight_;
+}
+
+void FusedServeService::CallFinished() {
+  absl::MutexLock lock(&calls_mu_);
+  --calls_in_flight_;
+}
+
+bool FusedServeService::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&calls_mu_);
+  return calls_mu_.AwaitWithTimeout(
+      absl::Condition(+[](int64_t* n) { return *n == 0; }, &calls_in_flight_), timeout);
+}
+
+absl::Status FusedServeService::CheckAccepting() const {
+  if (draining_.load()) return absl::UnavailableError("server is shutting down; retry on another replica");
+  if (!ready_.load()) return absl::UnavailableError("server is warming up; retry shortly");
+  return absl::OkStatus();
+}
+
 void FusedServeService::Finish(grpc::ServerUnaryReactor* reactor, const std::string& rpc, const std::string& op,
                                absl::Time start, const absl::Status& status) {
   const grpc::Status g = ToGrpcStatus(status);
   metrics_->RecordRequest(rpc, op, GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
   reactor->Finish(g);
+  CallFinished();
 }
 
 grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext* ctx,
@@ -55,13 +78,18 @@ grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext
                                                      v1::FusedOpResponse* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
+  CallStarted();
   // Label only known op names: arbitrary client strings must not create series.
   const std::string op = FindOpSpec(request->op()) != nullptr ? request->op() : "unknown";
-  if (!ready_.load()) {
-    Finish(reactor, "FusedOp", op, start, absl::UnavailableError("server is warming up; retry shortly"));
+  if (absl::Status s = CheckAccepting(); !s.ok()) {
+    Finish(reactor, "FusedOp", op, start, s);
     return reactor;
   }
-  absl::StatusOr<OpRequest> validated = ValidateFusedOp(*request, options_.limits);
+  // The request message is this call's own and is not read again: its tensor
+  // bytes move into the OpRequest instead of being copied (a queued request
+  // holds its inputs once, not twice).
+  absl::StatusOr<OpRequest> validated =
+      TakeValidatedFusedOp(*const_cast<v1::FusedOpRequest*>(request), options_.limits);
   if (!validated.ok()) {
     Finish(reactor, "FusedOp", op, start, validated.status());
     return reactor;
@@ -70,10 +98,17 @@ grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext
   task.request = *std::move(validated);
   task.enqueued = start;
   task.deadline = absl::FromChrono(ctx->deadline());
-  task.cancelled = [ctx] { return ctx->IsCancelled(); };
+  task.interrupted = [this, ctx]() -> absl::Status {
+    if (aborted_.load()) {
+      return absl::UnavailableError("server is shutting down and its drain grace ran out before this request "
+                                    "finished; retry on another replica");
+    }
+    if (ctx->IsCancelled()) return absl::CancelledError("request cancelled by the client");
+    return absl::OkStatus();
+  };
   task.done = [this, reactor, response, op, start](absl::StatusOr<TensorMap> result) {
     if (result.ok()) {
-      for (const auto& [name, t] : *result) TensorToProto(t, &(*response->mutable_outputs())[name]);
+      for (auto& [name, t] : *result) TensorToProto(std::move(t), &(*response->mutable_outputs())[name]);
       response->set_backend(backend_->name());
     }
     Finish(reactor, "FusedOp", op, start, result.status());
@@ -87,8 +122,9 @@ grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServ
                                                               v1::TransformerBlockResponse* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
-  if (!ready_.load()) {
-    Finish(reactor, "TransformerBlock", "", start, absl::UnavailableError("server is warming up; retry shortly"));
+  CallStarted();
+  if (absl::Status s = CheckAccepting(); !s.ok()) {
+    Finish(reactor, "TransformerBlock", "", start, s);
     return reactor;
   }
   StartTransformerBlock(engine_.load(), ctx, request, response, options_.limits,
@@ -111,6 +147,7 @@ grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerC
     absl::MutexLock lock(&info_mu_);
     *response = info_;
   }
+  CallStarted();  // balanced by Finish
   Finish(reactor, "GetServerInfo", "", absl::Now(), absl::OkStatus());
   return reactor;
 }

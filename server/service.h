@@ -29,6 +29,18 @@ class FusedServeService final : public v1::FusedServe::CallbackService {
 
   // Until set, FusedOp answers UNAVAILABLE ("warming up").
   void set_ready(bool ready) { ready_.store(ready); }
+  // Drain, step 1: new calls get UNAVAILABLE ("shutting down"), so clients
+  // retry elsewhere while the calls already running finish.
+  void StartDrain() {
+    draining_.store(true);
+    ready_.store(false);
+  }
+  // Drain, step 2 (the grace ran out): running FusedOps stop at their next
+  // check and answer UNAVAILABLE.
+  void AbortInFlight() { aborted_.store(true); }
+  // Waits up to `timeout` for the FusedOp and TransformerBlock calls in
+  // progress to finish; true when none is left.
+  bool WaitIdle(absl::Duration timeout);
   void set_server_info(v1::GetServerInfoResponse info);
   // The model engine serving TransformerBlock and Generate; until set (or
   // when the server hosts no model) they answer UNIMPLEMENTED.
@@ -52,7 +64,17 @@ class FusedServeService final : public v1::FusedServe::CallbackService {
   OpScheduler* const scheduler_;
   Metrics* const metrics_;
   const ServiceOptions options_;
+  // An RPC this service started and has not finished.
+  void CallStarted();
+  void CallFinished();
+  // UNAVAILABLE while warming up or draining, else OK.
+  absl::Status CheckAccepting() const;
+
   std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> aborted_{false};
+  absl::Mutex calls_mu_;
+  int64_t calls_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
   std::atomic<Engine*> engine_{nullptr};
   absl::Mutex info_mu_;
   v1::GetServerInfoResponse info_ ABSL_GUARDED_BY(info_mu_);

@@ -5,7 +5,9 @@
 #include <optional>
 #include <limits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace fusedserve {
@@ -16,6 +18,12 @@ absl::Status Invalid(const std::string& msg) { return absl::InvalidArgumentError
 std::string ShapeStr(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
 
 }  // namespace
+
+std::string ClientText(absl::string_view s) {
+  constexpr size_t kMax = 64;
+  if (s.size() <= kMax) return absl::CHexEscape(s);
+  return absl::StrCat(absl::CHexEscape(s.substr(0, kMax)), "...(", s.size(), " bytes)");
+}
 
 DType FromProtoDType(v1::DType d) {
   switch (d) {
@@ -38,8 +46,12 @@ v1::DType ToProtoDType(DType d) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
-absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& t, const std::string& name,
-                                           const ValidationLimits& limits) {
+namespace {
+
+// Checks dtype, shape and byte length; the bytes are copied, or taken from
+// `take` (the same tensor's mutable bytes) when given.
+absl::StatusOr<HostTensor> ConvertTensor(const v1::Tensor& t, const std::string& name,
+                                         const ValidationLimits& limits, std::string* take) {
   if (t.dtype() == v1::DTYPE_UNSPECIFIED || !v1::DType_IsValid(t.dtype())) {
     return Invalid(absl::StrCat("input '", name, "': dtype must be one of F32, F16, BF16, I32, I64 (got ",
                                 static_cast<int>(t.dtype()), ")"));
@@ -69,14 +81,36 @@ absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& t, const std::strin
                                 " (", numel, " elements of ", DTypeName(out.dtype), " for shape ",
                                 ShapeStr(out.shape), ")"));
   }
-  out.data = t.data();
+  if (take != nullptr) {
+    out.data.swap(*take);
+  } else {
+    out.data = t.data();
+  }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& t, const std::string& name,
+                                           const ValidationLimits& limits) {
+  return ConvertTensor(t, name, limits, nullptr);
+}
+
+absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor& t, const std::string& name,
+                                               const ValidationLimits& limits) {
+  return ConvertTensor(t, name, limits, t.mutable_data());
 }
 
 void TensorToProto(const HostTensor& t, v1::Tensor* out) {
   out->set_dtype(ToProtoDType(t.dtype));
   for (int64_t d : t.shape) out->add_shape(d);
   out->set_data(t.data);
+}
+
+void TensorToProto(HostTensor&& t, v1::Tensor* out) {
+  out->set_dtype(ToProtoDType(t.dtype));
+  for (int64_t d : t.shape) out->add_shape(d);
+  out->set_data(std::move(t.data));
 }
 
 v1::FusedOpRequest OpRequestToProto(const OpRequest& r) {
@@ -208,6 +242,15 @@ absl::Status CheckShapes(OpRequest& r) {
   return absl::OkStatus();
 }
 
+absl::Status CheckInputName(const OpSpec& spec, const std::string& name) {
+  auto listed = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), name) != v.end(); };
+  if (listed(spec.inputs) || listed(spec.optional_inputs)) return absl::OkStatus();
+  std::vector<std::string> all = spec.inputs;
+  all.insert(all.end(), spec.optional_inputs.begin(), spec.optional_inputs.end());
+  return Invalid(absl::StrCat(spec.name, ": unexpected input '", ClientText(name),
+                              "' (expected: ", absl::StrJoin(all, ", "), ")"));
+}
+
 absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
   for (const auto& [name, value] : r.attrs) {
     bool known = false;
@@ -215,7 +258,7 @@ absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
     if (!known) {
       std::vector<std::string> names;
       for (const AttrSpec& a : spec.attrs) names.push_back(a.name);
-      return Invalid(absl::StrCat(r.op, ": unknown attribute '", name, "' (expected one of: ",
+      return Invalid(absl::StrCat(r.op, ": unknown attribute '", ClientText(name), "' (expected one of: ",
                                   names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
     }
   }
@@ -239,7 +282,7 @@ absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
       bool found = false;
       for (const std::string& c : a.choices) found |= c == s;
       if (!found) {
-        return Invalid(absl::StrCat(r.op, ": attribute '", a.name, "' is \"", s, "\", expected one of: ",
+        return Invalid(absl::StrCat(r.op, ": attribute '", a.name, "' is \"", ClientText(s), "\", expected one of: ",
                                     absl::StrJoin(a.choices, ", ")));
       }
     }
@@ -274,7 +317,8 @@ absl::Status ValidateOpRequest(OpRequest& r) {
   if (spec == nullptr) {
     std::vector<std::string> names;
     for (const OpSpec& s : AllOpSpecs()) names.push_back(s.name);
-    return Invalid(absl::StrCat("unknown op '", r.op, "' (expected one of: ", absl::StrJoin(names, ", "), ")"));
+    return Invalid(
+        absl::StrCat("unknown op '", ClientText(r.op), "' (expected one of: ", absl::StrJoin(names, ", "), ")"));
   }
   auto listed = [](const std::vector<std::string>& v, const std::string& n) {
     return std::find(v.begin(), v.end(), n) != v.end();
@@ -285,12 +329,7 @@ absl::Status ValidateOpRequest(OpRequest& r) {
   std::optional<DType> float_dtype;
   std::string first_float;
   for (const auto& [name, t] : r.inputs) {
-    if (!listed(spec->inputs, name) && !listed(spec->optional_inputs, name)) {
-      std::vector<std::string> all = spec->inputs;
-      all.insert(all.end(), spec->optional_inputs.begin(), spec->optional_inputs.end());
-      return Invalid(absl::StrCat(r.op, ": unexpected input '", name, "' (expected: ", absl::StrJoin(all, ", "),
-                                  ")"));
-    }
+    if (auto s = CheckInputName(*spec, name); !s.ok()) return s;
     if (listed(spec->index_inputs, name)) {
       if (t.dtype != DType::kI32 && t.dtype != DType::kI64) {
         return Invalid(absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype),
@@ -312,16 +351,52 @@ absl::Status ValidateOpRequest(OpRequest& r) {
   return CheckAttrs(r, *spec);
 }
 
-absl::StatusOr<OpRequest> ValidateFusedOp(const v1::FusedOpRequest& request, const ValidationLimits& limits) {
+absl::Status CheckOpCost(const OpRequest& r, const ValidationLimits& limits) {
+  const OpCost c = EstimateCost(r);
+  if (c.output_bytes > limits.max_output_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: the outputs would take %.4g bytes, more than one response may carry (%.4g bytes, "
+                        "--max_message_bytes)",
+                        r.op, c.output_bytes, limits.max_output_bytes));
+  }
+  if (c.output_bytes + c.scratch_bytes > limits.max_op_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s: needs %.4g bytes of outputs and working memory, more than the server's limit of %.4g bytes per "
+        "request (--max_op_bytes)",
+        r.op, c.output_bytes + c.scratch_bytes, limits.max_op_bytes));
+  }
+  if (c.flops > limits.max_op_flops) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: needs %.4g FLOPs of work, more than the server's limit of %.4g per request "
+                        "(--max_op_flops)",
+                        r.op, c.flops, limits.max_op_flops));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// ValidateFusedOp and TakeValidatedFusedOp: `mutable_request` is the same
+// message as `request` when its bytes may be taken, else nullptr.
+absl::StatusOr<OpRequest> Validate(const v1::FusedOpRequest& request, v1::FusedOpRequest* mutable_request,
+                                   const ValidationLimits& limits) {
   OpRequest r;
   r.op = request.op();
-  if (FindOpSpec(r.op) == nullptr) {
+  const OpSpec* spec = FindOpSpec(r.op);
+  if (spec == nullptr) {
     OpRequest probe;
     probe.op = r.op;
     return ValidateOpRequest(probe);  // unknown-op message
   }
+  // Names first: a client string reaches a message only through ClientText.
   for (const auto& [name, t] : request.inputs()) {
-    absl::StatusOr<HostTensor> ht = TensorFromProto(t, name, limits);
+    if (auto s = CheckInputName(*spec, name); !s.ok()) return s;
+  }
+  for (const auto& [name, t] : request.inputs()) {
+    absl::StatusOr<HostTensor> ht =
+        mutable_request != nullptr
+            ? TakeTensorFromProto((*mutable_request->mutable_inputs())[name], name, limits)
+            : TensorFromProto(t, name, limits);
     if (!ht.ok()) return absl::InvalidArgumentError(absl::StrCat(r.op, ": ", ht.status().message()));
     r.inputs.emplace(name, *std::move(ht));
   }
@@ -332,11 +407,23 @@ absl::StatusOr<OpRequest> ValidateFusedOp(const v1::FusedOpRequest& request, con
       case v1::AttrValue::kS: r.attrs[name] = v.s(); break;
       case v1::AttrValue::kB: r.attrs[name] = v.b(); break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(r.op, ": attribute '", name, "' has no value set"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(r.op, ": attribute '", ClientText(name), "' has no value set"));
     }
   }
   if (auto s = ValidateOpRequest(r); !s.ok()) return s;
+  if (auto s = CheckOpCost(r, limits); !s.ok()) return s;
   return r;
+}
+
+}  // namespace
+
+absl::StatusOr<OpRequest> ValidateFusedOp(const v1::FusedOpRequest& request, const ValidationLimits& limits) {
+  return Validate(request, nullptr, limits);
+}
+
+absl::StatusOr<OpRequest> TakeValidatedFusedOp(v1::FusedOpRequest& request, const ValidationLimits& limits) {
+  return Validate(request, &request, limits);
 }
 
 }  // namespace fusedserve

@@ -46,13 +46,20 @@ void AttendOne(const float* q, const float* k, const float* v, int64_t n, int64_
 
 void Attention(const float* q, const float* k, const float* v, const int64_t* seq_lens, int64_t B, int64_t T,
                int64_t Hq, int64_t Hkv, int64_t D, bool causal, float scale, float* o) {
+  AttentionRows(q, k, v, seq_lens, B, T, Hq, Hkv, D, causal, scale, 0, T, o);
+}
+
+void AttentionRows(const float* q, const float* k, const float* v, const int64_t* seq_lens, int64_t B, int64_t T,
+                   int64_t Hq, int64_t Hkv, int64_t D, bool causal, float scale, int64_t row_begin, int64_t row_end,
+                   float* o) {
   const int64_t group = Hq / Hkv;
   std::vector<double> scores, acc;
   int64_t offset = 0;  // first row of sequence b
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < B && offset < row_end; offset += seq_lens[b], ++b) {
     const int64_t len = seq_lens[b];
+    if (offset + len <= row_begin) continue;
     scores.resize(std::max<int64_t>(len, 1));
-    for (int64_t i = 0; i < len; ++i) {
+    for (int64_t i = std::max<int64_t>(row_begin - offset, 0); i < len && offset + i < row_end; ++i) {
       const int64_t row = offset + i;
       const int64_t n_keys = causal ? i + 1 : len;  // keys offset .. offset + n_keys - 1
       for (int64_t h = 0; h < Hq; ++h) {
@@ -61,7 +68,6 @@ void Attention(const float* q, const float* k, const float* v, const int64_t* se
                   Hkv * D, D, scale, scores, acc, o + (row * Hq + h) * D);
       }
     }
-    offset += len;
   }
 }
 

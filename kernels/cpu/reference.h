@@ -53,6 +53,13 @@ void SwigluMlp(const float* x, const float* gate_up, const float* down, int64_t 
 void Attention(const float* q, const float* k, const float* v, const int64_t* seq_lens, int64_t B, int64_t T,
                int64_t Hq, int64_t Hkv, int64_t D, bool causal, float scale, float* o);
 
+// Attention computing only the output rows [row_begin, row_end) (each still
+// reads every key of its sequence that it attends to): lets a caller split a
+// long prefill into pieces and check for cancellation between them.
+void AttentionRows(const float* q, const float* k, const float* v, const int64_t* seq_lens, int64_t B, int64_t T,
+                   int64_t Hq, int64_t Hkv, int64_t D, bool causal, float scale, int64_t row_begin, int64_t row_end,
+                   float* o);
+
 // One query token per sequence over that sequence's first lengths[b] cache rows.
 // q, o [B,Hq,D]; k_cache, v_cache [B,L,Hkv,D]; lengths [B] (1..L)
 void AttentionDecode(const float* q, const float* k_cache, const float* v_cache, const int64_t* lengths, int64_t B,

@@ -64,10 +64,6 @@ class PinnedBuffer {
   size_t size_ = 0;
 };
 
-absl::Status ToAbsl(const CudaStatus& s) {
-  if (s.ok()) return absl::OkStatus();
-  return s.unsupported ? absl::InvalidArgumentError(s.message) : absl::InternalError(s.message);
-}
 
 class CudaBackend : public Backend {
  public:
@@ -83,12 +79,15 @@ class CudaBackend : public Backend {
     cudaStreamDestroy(ctx_.stream);
   }
 
+  using Backend::Run;
   std::string name() const override { return "cuda"; }
   std::string device_name() const override { return name_; }
 
-  absl::StatusOr<TensorMap> Run(const OpRequest& r) override {
+  // GPU work is bounded by the cost limits (--max_op_flops) rather than
+  // interrupted: one launch runs milliseconds at most, so `stop` is not polled.
+  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device_)); !s.ok()) return ToAbsl(s);
+    if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device_)); !s.ok()) return CudaToAbsl(s);
     const DType dt = RequestDType(r);
 
     // Lay out inputs then outputs in one arena; index inputs become I32.
@@ -116,8 +115,8 @@ class CudaBackend : public Backend {
     }
     void* dev = nullptr;
     char* host = nullptr;
-    if (CudaStatus s = arena_.Get(std::max<size_t>(total, kAlign), &dev); !s.ok()) return ToAbsl(s);
-    if (CudaStatus s = staging_.Get(std::max<size_t>(total, kAlign), &host); !s.ok()) return ToAbsl(s);
+    if (CudaStatus s = arena_.Get(std::max<size_t>(total, kAlign), &dev); !s.ok()) return CudaToAbsl(s);
+    if (CudaStatus s = staging_.Get(std::max<size_t>(total, kAlign), &host); !s.ok()) return CudaToAbsl(s);
 
     DeviceTensorMap din, dout;
     for (Slot& slot : inputs) {
@@ -131,7 +130,7 @@ class CudaBackend : public Backend {
     }
     cudaStream_t st = ctx_.stream;
     if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpyAsync(dev, host, out_begin, cudaMemcpyHostToDevice, st)); !s.ok())
-      return ToAbsl(s);
+      return CudaToAbsl(s);
 
     bool handled = false;
     CudaStatus status = RunMemoryBoundOp(r, din, dout, ctx_, &handled);
@@ -140,15 +139,15 @@ class CudaBackend : public Backend {
     // A valid request outside what the kernels take (e.g. a head dim the
     // flash kernels lack): answer it with the CPU reference, slowly but right.
     if (status.unsupported) return cpu_fallback_->Run(r);
-    if (!status.ok()) return ToAbsl(status);
+    if (!status.ok()) return CudaToAbsl(status);
 
     if (total > out_begin) {
       if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpyAsync(host + out_begin, static_cast<char*>(dev) + out_begin,
                                                        total - out_begin, cudaMemcpyDeviceToHost, st));
           !s.ok())
-        return ToAbsl(s);
+        return CudaToAbsl(s);
     }
-    if (CudaStatus s = FS_CUDA_CHECK(cudaStreamSynchronize(st)); !s.ok()) return ToAbsl(s);
+    if (CudaStatus s = FS_CUDA_CHECK(cudaStreamSynchronize(st)); !s.ok()) return CudaToAbsl(s);
 
     TensorMap result;
     for (const Slot& slot : outputs) {
@@ -173,6 +172,14 @@ class CudaBackend : public Backend {
 };
 
 }  // namespace
+
+absl::Status CudaToAbsl(const CudaStatus& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string m = what.empty() ? s.message : what + ": " + s.message;
+  if (s.unsupported) return absl::InvalidArgumentError(m);
+  if (s.out_of_memory) return absl::ResourceExhaustedError(m);
+  return absl::InternalError(m);
+}
 
 DeviceTensor DeviceInput(const OpRequest& r, const std::string& name) {
   const HostTensor& host = r.in(name);
@@ -209,12 +216,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ConfigLooku
   if (device < 0 || device >= CudaDeviceCount()) {
     return absl::FailedPreconditionError("CUDA device " + std::to_string(device) + " is not available");
   }
-  if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device)); !s.ok()) return ToAbsl(s);
+  if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device)); !s.ok()) return CudaToAbsl(s);
   cudaDeviceProp prop{};
-  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device)); !s.ok()) return ToAbsl(s);
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device)); !s.ok()) return CudaToAbsl(s);
   cudaStream_t stream = nullptr;
   if (CudaStatus s = FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); !s.ok())
-    return ToAbsl(s);
+    return CudaToAbsl(s);
   return std::unique_ptr<Backend>(
       new CudaBackend(device, prop.name, prop.multiProcessorCount, stream, std::move(config)));
 }

@@ -6,12 +6,18 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dispatch.h"
 
 namespace fusedserve {
 
 // Number of usable CUDA devices; 0 when there is no driver or no GPU.
 int CudaDeviceCount();
+
+// The one mapping of CUDA errors to status codes: unsupported shapes are
+// INVALID_ARGUMENT, out of device memory RESOURCE_EXHAUSTED, the rest
+// INTERNAL. `what` (may be empty) prefixes the message.
+absl::Status CudaToAbsl(const CudaStatus& s, const std::string& what = "");
 
 // config may be empty (every op uses its default config).
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ConfigLookup config);

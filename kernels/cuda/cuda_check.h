@@ -14,16 +14,21 @@ struct CudaStatus {
   // True when the request is valid by the API but this backend cannot run it
   // (e.g. an unsupported head dim): reported as INVALID_ARGUMENT, not INTERNAL.
   bool unsupported = false;
+  // True when the device ran out of memory: RESOURCE_EXHAUSTED for that
+  // request alone, never a crash.
+  bool out_of_memory = false;
   bool ok() const { return message.empty(); }
   static CudaStatus Ok() { return {}; }
   static CudaStatus Error(std::string m) { return {std::move(m), false}; }
-  static CudaStatus Unsupported(std::string m) { return {std::move(m), true}; }
+  static CudaStatus Unsupported(std::string m) { return {std::move(m), true, false}; }
 };
 
 inline CudaStatus CheckCuda(cudaError_t err, const char* expr, const char* file, int line) {
   if (err == cudaSuccess) return CudaStatus::Ok();
-  return CudaStatus::Error(std::string(expr) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                           cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  CudaStatus s = CudaStatus::Error(std::string(expr) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                                   cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  s.out_of_memory = err == cudaErrorMemoryAllocation;
+  return s;
 }
 
 // Records the expression and location; the caller decides what to do:

@@ -86,8 +86,8 @@ std::shared_ptr<grpc::Channel> ServerProcess::NewChannel(std::shared_ptr<grpc::C
                                    channel_args);
 }
 
-std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s,
-                                                    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+std::unique_ptr<ServerProcess> ServerProcess::Spawn(const std::vector<std::string>& flags,
+                                                    const std::string& mode) {
   const char* bin = std::getenv("FUSEDSERVE_BIN");
   if (bin == nullptr) {
     ADD_FAILURE() << "FUSEDSERVE_BIN is not set (ctest sets it)";
@@ -101,7 +101,7 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
   p->log_path_ = tmpl;
 
   std::vector<std::string> args = {bin,
-                                   "serve",
+                                   mode,
                                    "--device=cpu",
                                    "--listen=127.0.0.1:" + std::to_string(p->port_),
                                    "--metrics_listen=127.0.0.1:" + std::to_string(p->metrics_port_),
@@ -123,6 +123,14 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
   }
   close(log_fd);
   p->pid_ = pid;
+  return p;
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s,
+                                                    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  std::unique_ptr<ServerProcess> p = Spawn(flags);
+  if (p == nullptr) return nullptr;
+  const pid_t pid = p->pid_;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   // Create the channel only once the port accepts connections: a channel
   // that saw "connection refused" backs off for seconds before retrying.

@@ -185,7 +185,8 @@ class GatedBackend : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   std::string device_name() const override { return "gated CPU reference"; }
-  absl::StatusOr<TensorMap> Run(const OpRequest& r) override {
+  using Backend::Run;
+  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&) override {
     {
       absl::MutexLock lock(&mu_);
       launches_.push_back(BatchShapeOf(r)->rows);
@@ -241,7 +242,11 @@ class BatcherTest : public ::testing::Test {
     t.request = r;
     t.enqueued = absl::Now();
     t.deadline = deadline;
-    t.cancelled = std::move(cancelled);
+    if (cancelled) {
+      t.interrupted = [cancelled] {
+        return cancelled() ? absl::CancelledError("cancelled") : absl::OkStatus();
+      };
+    }
     t.done = [this, out](absl::StatusOr<TensorMap> v) {
       out->value = std::move(v);
       out->order = finished_.fetch_add(1);

@@ -86,8 +86,7 @@ std::shared_ptr<grpc::Channel> ServerProcess::NewChannel(std::shared_ptr<grpc::C
                                    channel_args);
 }
 
-std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s,
-                                                    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+std::unique_ptr<ServerProcess> ServerProcess::Spawn(const std::vector<std::string>& flags) {
   const char* bin = std::getenv("FUSEDSERVE_BIN");
   if (bin == nullptr) {
     ADD_FAILURE() << "FUSEDSERVE_BIN is not set (ctest sets it)";
@@ -123,6 +122,14 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
   }
   close(log_fd);
   p->pid_ = pid;
+  return p;
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s,
+                                                    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  std::unique_ptr<ServerProcess> p = Spawn(flags);
+  if (p == nullptr) return nullptr;
+  const pid_t pid = p->pid_;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   // Create the channel only once the port accepts connections: a channel
   // that saw "connection refused" backs off for seconds before retrying.

@@ -31,6 +31,10 @@ class ServerProcess {
   static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags = {},
                                               double timeout_s = 60,
                                               std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+  // Starts the server like Start but returns at once, without waiting for it
+  // to listen (tests of start-up failures: WaitExit, Log); nullptr when
+  // FUSEDSERVE_BIN is not set.
+  static std::unique_ptr<ServerProcess> Spawn(const std::vector<std::string>& flags = {});
   // A new channel to the server with other credentials (TLS tests).
   std::shared_ptr<grpc::Channel> NewChannel(std::shared_ptr<grpc::ChannelCredentials> credentials) const;
   ~ServerProcess();

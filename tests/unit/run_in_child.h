@@ -14,11 +14,21 @@
 
 namespace fusedserve::testing {
 
-// The child's exit code; -1 when it was killed by a signal (an abort, a
-// resource limit) or had not finished after timeout_s (it is then killed).
+// The child's exit code (99: the body threw, e.g. std::bad_alloc); -1 when
+// it was killed by a signal (an abort, a resource limit) or had not finished
+// after timeout_s (it is then killed).
 inline int RunInChild(const std::function<int()>& body, double timeout_s) {
   const pid_t pid = fork();
-  if (pid == 0) _exit(body());
+  if (pid == 0) {
+    // The exception must not reach gtest in the child, which would go on
+    // running the remaining tests there.
+    int code = 99;
+    try {
+      code = body();
+    } catch (...) {
+    }
+    _exit(code);
+  }
   if (pid < 0) return -1;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   int status = 0;

@@ -142,10 +142,8 @@ std::optional<ModelConfig> HostedModelConfig() {
     absl::StatusOr<ModelConfig> c = PresetConfig(absl::GetFlag(FLAGS_model_preset));
     return c.ok() ? std::optional<ModelConfig>(*c) : std::nullopt;
   }
-  std::ifstream in(dir + "/config.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<ModelConfig> c = ConfigFromHfJson(text.str(), dir + "/config.json");
+  // Through ConfigFromHfFile: a FIFO or device at the path is refused, not blocked on.
+  absl::StatusOr<ModelConfig> c = ConfigFromHfFile(dir + "/config.json");
   return c.ok() ? std::optional<ModelConfig>(*c) : std::nullopt;
 }
 

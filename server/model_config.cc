@@ -2,10 +2,13 @@
 #include "server/model_config.h"
 
 #include <cmath>
+#include <cstdint>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "warmup/regular_file.h"
 
 namespace fusedserve {
 
@@ -40,26 +43,53 @@ std::vector<double> ModelConfig::RopeInvFreq() const {
   return inv;
 }
 
+// Within the per-field caps the parameter count fits int64 with room to spare,
+// so NumParameters() cannot overflow once the fields are checked.
+constexpr int64_t kMaxQDim = kMaxHeads * kMaxHeadDim;
+constexpr int64_t kWorstParametersPerLayer =
+    kMaxHidden * 3 * kMaxQDim + kMaxQDim * kMaxHidden + 3 * kMaxHidden * kMaxIntermediate + 2 * kMaxHidden;
+static_assert(kWorstParametersPerLayer < INT64_MAX / 4 / kMaxLayers && kMaxVocab < INT64_MAX / 4 / kMaxHidden,
+              "the size caps must keep NumParameters() far from int64 overflow");
+
 absl::Status ModelConfig::Validate() const {
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("model config '", name, "': ", what));
   };
-  if (hidden <= 0 || layers <= 0 || q_heads <= 0 || kv_heads <= 0 || head_dim <= 0 || intermediate <= 0 ||
-      vocab <= 0) {
-    return bad("hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, "
-               "intermediate_size and vocab_size must all be positive");
+  struct Size {
+    const char* field;  // the config.json key
+    int64_t value;
+    int64_t max;
+  };
+  for (const Size& s : {Size{"num_hidden_layers", layers, kMaxLayers}, Size{"hidden_size", hidden, kMaxHidden},
+                        Size{"intermediate_size", intermediate, kMaxIntermediate},
+                        Size{"num_attention_heads", q_heads, kMaxHeads},
+                        Size{"num_key_value_heads", kv_heads, kMaxHeads}, Size{"head_dim", head_dim, kMaxHeadDim},
+                        Size{"vocab_size", vocab, kMaxVocab},
+                        Size{"max_position_embeddings", max_position, kMaxPositions}}) {
+    if (s.value <= 0) return bad(absl::StrCat(s.field, " must be positive (got ", s.value, ")"));
+    if (s.value > s.max) return bad(absl::StrCat(s.field, " = ", s.value, " exceeds the limit of ", s.max));
   }
   if (q_heads % kv_heads != 0) {
     return bad(absl::StrCat("num_attention_heads (", q_heads, ") must be a multiple of num_key_value_heads (",
                             kv_heads, ")"));
   }
   if (head_dim % 2 != 0) return bad(absl::StrCat("head_dim must be even for rope (got ", head_dim, ")"));
-  if (rms_eps <= 0) return bad("rms_norm_eps must be positive");
-  if (rope_theta <= 0) return bad("rope_theta must be positive");
-  if (rope_scaling.enabled && (rope_scaling.factor <= 0 || rope_scaling.high_freq_factor <= rope_scaling.low_freq_factor)) {
-    return bad("rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor");
+  if (!(rms_eps > 0) || !std::isfinite(rms_eps)) return bad("rms_norm_eps must be positive and finite");
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) return bad("rope_theta must be positive and finite");
+  if (rope_scaling.enabled) {
+    const RopeScaling& r = rope_scaling;
+    if (!(r.factor > 0) || !std::isfinite(r.factor) || !(r.low_freq_factor > 0) ||
+        !(r.high_freq_factor > r.low_freq_factor) || !std::isfinite(r.high_freq_factor)) {
+      return bad("rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0");
+    }
+    if (r.original_max_position <= 0 || r.original_max_position > kMaxPositions) {
+      return bad(absl::StrCat("rope_scaling.original_max_position_embeddings = ", r.original_max_position,
+                              " is outside [1, ", kMaxPositions, "]"));
+    }
   }
-  if (max_position <= 0) return bad("max_position_embeddings must be positive");
+  if (const int64_t n = NumParameters(); n > kMaxParameters) {
+    return bad(absl::StrCat("these sizes make ", n, " parameters, more than the limit of ", kMaxParameters));
+  }
   return absl::OkStatus();
 }
 
@@ -119,6 +149,20 @@ absl::StatusOr<DType> DTypeFromTorchName(const std::string& s, const std::string
       absl::StrCat(name, ": unsupported torch_dtype '", s, "' (bfloat16, float16 or float32)"));
 }
 
+// An integer field; `fallback` when absent or null (no fallback: required).
+// Values beyond int64 saturate, so that Validate reports them against their cap.
+absl::StatusOr<int64_t> IntField(const json& j, const char* key, std::optional<int64_t> fallback,
+                                 const std::string& name) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (fallback.has_value()) return *fallback;
+    return absl::InvalidArgumentError(absl::StrCat(name, ": missing integer '", key, "'"));
+  }
+  if (!it->is_number_integer()) return absl::InvalidArgumentError(absl::StrCat(name, ": '", key, "' must be an integer"));
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return INT64_MAX;
+  return it->get<int64_t>();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text, const std::string& name) {
@@ -137,23 +181,28 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text, const
     }
     if (j.value("attention_bias", false)) return bad("attention_bias=true is not supported");
     if (j.value("mlp_bias", false)) return bad("mlp_bias=true is not supported");
-    for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                            "vocab_size"}) {
-      if (!j.contains(key) || !j[key].is_number_integer()) return bad(absl::StrCat("missing integer '", key, "'"));
-    }
     ModelConfig c;
     c.name = name;
-    c.hidden = j["hidden_size"].get<int64_t>();
-    c.layers = j["num_hidden_layers"].get<int64_t>();
-    c.q_heads = j["num_attention_heads"].get<int64_t>();
-    c.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                     ? j["num_key_value_heads"].get<int64_t>()
-                     : c.q_heads;
-    c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? j["head_dim"].get<int64_t>()
-                                                                    : (c.q_heads > 0 ? c.hidden / c.q_heads : 0);
-    c.intermediate = j["intermediate_size"].get<int64_t>();
-    c.vocab = j["vocab_size"].get<int64_t>();
-    c.max_position = j.value("max_position_embeddings", int64_t{8192});
+    struct Field {
+      const char* key;
+      int64_t* out;
+    };
+    for (const Field& f : {Field{"hidden_size", &c.hidden}, Field{"num_hidden_layers", &c.layers},
+                           Field{"num_attention_heads", &c.q_heads}, Field{"intermediate_size", &c.intermediate},
+                           Field{"vocab_size", &c.vocab}}) {
+      absl::StatusOr<int64_t> v = IntField(j, f.key, std::nullopt, name);
+      if (!v.ok()) return v.status();
+      *f.out = *v;
+    }
+    absl::StatusOr<int64_t> kv_heads = IntField(j, "num_key_value_heads", c.q_heads, name);
+    if (!kv_heads.ok()) return kv_heads.status();
+    c.kv_heads = *kv_heads;
+    absl::StatusOr<int64_t> head_dim = IntField(j, "head_dim", c.q_heads > 0 ? c.hidden / c.q_heads : 0, name);
+    if (!head_dim.ok()) return head_dim.status();
+    c.head_dim = *head_dim;
+    absl::StatusOr<int64_t> max_position = IntField(j, "max_position_embeddings", int64_t{8192}, name);
+    if (!max_position.ok()) return max_position.status();
+    c.max_position = *max_position;
     c.rms_eps = j.value("rms_norm_eps", 1e-6);
     c.tied_embeddings = j.value("tie_word_embeddings", false);
     // transformers >= 4.56 writes "dtype"; older versions "torch_dtype".
@@ -176,7 +225,9 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text, const
       c.rope_scaling.factor = rope.value("factor", 8.0);
       c.rope_scaling.low_freq_factor = rope.value("low_freq_factor", 1.0);
       c.rope_scaling.high_freq_factor = rope.value("high_freq_factor", 4.0);
-      c.rope_scaling.original_max_position = rope.value("original_max_position_embeddings", int64_t{8192});
+      absl::StatusOr<int64_t> original = IntField(rope, "original_max_position_embeddings", int64_t{8192}, name);
+      if (!original.ok()) return original.status();
+      c.rope_scaling.original_max_position = *original;
     } else if (rope_type != "default") {
       return bad(absl::StrCat("rope type '", rope_type, "' is not supported (default or llama3)"));
     }
@@ -185,6 +236,12 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text, const
   } catch (const json::exception& e) {
     return bad(absl::StrCat("config.json has a field of the wrong type: ", e.what()));
   }
+}
+
+absl::StatusOr<ModelConfig> ConfigFromHfFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigJsonBytes);
+  if (!text.ok()) return text.status();
+  return ConfigFromHfJson(*text, path);
 }
 
 }  // namespace fusedserve

@@ -13,6 +13,25 @@
 
 namespace fusedserve {
 
+// Caps on the sizes a config.json may declare. They are checked on the config
+// alone, before anything that scales with them is allocated (a hostile
+// num_hidden_layers = 1e9 once made start-up allocate GBs and abort). Each is
+// several times the largest LLaMA-family model published (Llama-3.1-405B: 126
+// layers, hidden 16384, intermediate 53248, 128 heads, head_dim 128, vocab
+// 128256, 131072 positions), so no real checkpoint comes near them.
+inline constexpr int64_t kMaxLayers = 1024;              // num_hidden_layers
+inline constexpr int64_t kMaxHidden = 65536;             // hidden_size
+inline constexpr int64_t kMaxIntermediate = 262144;      // intermediate_size
+inline constexpr int64_t kMaxHeads = 1024;               // num_attention_heads, num_key_value_heads
+inline constexpr int64_t kMaxHeadDim = 512;              // head_dim
+inline constexpr int64_t kMaxVocab = int64_t{1} << 22;   // vocab_size (4194304)
+inline constexpr int64_t kMaxPositions = int64_t{1} << 20;  // max_position_embeddings (1048576)
+// Total parameters (~2.2e12, 5x Llama-3.1-405B). Within the caps above the
+// count cannot overflow int64 (static_assert in model_config.cc).
+inline constexpr int64_t kMaxParameters = int64_t{1} << 41;
+// config.json is a few KB; anything near this is not a config.
+inline constexpr int64_t kMaxConfigJsonBytes = int64_t{1} << 20;
+
 // Llama-3.1 frequency-dependent rope scaling ("rope_type": "llama3").
 struct RopeScaling {
   bool enabled = false;
@@ -44,7 +63,9 @@ struct ModelConfig {
   int64_t NumParameters() const;
   // Inverse rope frequencies [head_dim / 2], scaling applied.
   std::vector<double> RopeInvFreq() const;
-  // Consistency checks (positive sizes, heads divide, even head_dim).
+  // Consistency checks: every size in [1, its kMax* cap], the parameter count
+  // at most kMaxParameters, heads divide, even head_dim. Errors name the
+  // config.json field and the limit.
   absl::Status Validate() const;
 };
 
@@ -55,5 +76,10 @@ std::vector<std::string> PresetNames();
 
 // Parses a Hugging Face LlamaForCausalLM config.json (text); `name` labels errors.
 absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text, const std::string& name);
+
+// Reads `path` (a regular file of at most kMaxConfigJsonBytes: a FIFO or device
+// there is refused, not blocked on) and parses it with ConfigFromHfJson.
+// NOT_FOUND when missing; other read errors keep OpenRegularFile's codes.
+absl::StatusOr<ModelConfig> ConfigFromHfFile(const std::string& path);
 
 }  // namespace fusedserve

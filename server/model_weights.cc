@@ -1,21 +1,19 @@
 // Safetensors reader (mmap), checkpoint validation and random weights.
 #include "server/model_weights.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "warmup/regular_file.h"
 
 namespace fusedserve {
 namespace {
@@ -32,14 +30,6 @@ size_t SafetensorsDTypeSize(const std::string& d) {
 }
 
 std::string ShapeStr(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
-
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool FileExists(const std::string& path) {
   struct stat st;
@@ -96,20 +86,13 @@ std::vector<float> WeightTensor::ToFloat() const {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  absl::StatusOr<RegularFile> opened = OpenRegularFile(path, kMaxSafetensorsFileBytes);
+  if (!opened.ok()) return opened.status();
+  const size_t size = static_cast<size_t>(opened->size());
   if (size < 8) {
-    ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a safetensors file (", size, " bytes)"));
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, opened->fd(), 0);
   if (map == MAP_FAILED) return absl::InternalError(absl::StrCat("cannot mmap ", path, ": ", std::strerror(errno)));
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
@@ -119,7 +102,11 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
 
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
-  if (header_len > size - 8 || header_len > (uint64_t{100} << 20)) {
+  if (header_len > static_cast<uint64_t>(kMaxSafetensorsHeaderBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": safetensors header length ", header_len,
+                                                   " exceeds the limit of ", kMaxSafetensorsHeaderBytes, " bytes"));
+  }
+  if (header_len > size - 8) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": safetensors header length ", header_len,
                                                    " exceeds the file (", size, " bytes)"));
   }
@@ -129,6 +116,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   if (header.is_discarded() || !header.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": safetensors header is not a JSON object"));
   }
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+    bool operator<(const Span& o) const { return begin != o.begin ? begin < o.begin : end < o.end; }
+  };
+  std::vector<Span> spans;  // non-empty tensors' byte ranges, to find overlaps
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") continue;
@@ -170,7 +163,20 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     }
     t.data = data + begin;
     t.bytes = end - begin;
+    if (t.bytes != 0) spans.push_back({begin, end, name});
     file->tensors_.emplace(name, std::move(t));
+  }
+  // Two tensors sharing bytes would alias each other's weights: a forged or
+  // broken file, never what a writer produces.
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span& a = spans[i - 1];
+    const Span& b = spans[i];
+    if (b.begin < a.end) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensors '", a.name, "' [", a.begin, ", ", a.end,
+                                                     ") and '", b.name, "' [", b.begin, ", ", b.end,
+                                                     ") overlap in the data section"));
+    }
   }
   return file;
 }
@@ -200,11 +206,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedTensors(const 
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadCheckpoint(const std::string& dir) {
-  absl::StatusOr<std::string> config_text = ReadTextFile(dir + "/config.json");
-  if (!config_text.ok()) {
-    return absl::NotFoundError(absl::StrCat("--model=", dir, ": no config.json (", config_text.status().message(), ")"));
+  absl::StatusOr<ModelConfig> config = ConfigFromHfFile(dir + "/config.json");
+  if (absl::IsNotFound(config.status())) {
+    return absl::NotFoundError(absl::StrCat("--model=", dir, ": no config.json (", config.status().message(), ")"));
   }
-  absl::StatusOr<ModelConfig> config = ConfigFromHfJson(*config_text, dir + "/config.json");
   if (!config.ok()) return config.status();
   config->name = dir;
 
@@ -213,7 +218,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadCheckpoint(const
   std::map<std::string, std::string> weight_map;  // tensor -> shard (index only)
   const std::string index_path = dir + "/model.safetensors.index.json";
   if (FileExists(index_path)) {
-    absl::StatusOr<std::string> text = ReadTextFile(index_path);
+    absl::StatusOr<std::string> text = ReadRegularFile(index_path, kMaxSafetensorsIndexBytes);
     if (!text.ok()) return text.status();
     json index = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||

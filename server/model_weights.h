@@ -17,6 +17,15 @@
 
 namespace fusedserve {
 
+// Caps on checkpoint files, checked before they are parsed or mapped.
+// The JSON header of a safetensors file holds ~150 bytes per tensor (well under
+// 1 MiB for real shards) and parsing it costs ~10x its size in memory.
+inline constexpr int64_t kMaxSafetensorsHeaderBytes = int64_t{16} << 20;
+// model.safetensors.index.json: one line per tensor, likewise small.
+inline constexpr int64_t kMaxSafetensorsIndexBytes = int64_t{16} << 20;
+// Shards are mapped, not read, so this only refuses sizes no real shard has.
+inline constexpr int64_t kMaxSafetensorsFileBytes = int64_t{1} << 40;  // 1 TiB
+
 // A view of one tensor's bytes (inside a mapped file or an owned buffer).
 struct WeightTensor {
   std::string dtype_name;  // safetensors name: "BF16", "F16", "F32", "I64", ...
@@ -35,8 +44,10 @@ struct WeightTensor {
 // the JSON header ({name: {dtype, shape, data_offsets}}), then the data.
 class SafetensorsFile {
  public:
-  // Maps the file and checks the header: offsets in range and consistent with
-  // dtype x shape. Errors name the file and the tensor.
+  // Opens the file (a regular file: a FIFO or device is refused, not blocked
+  // on), maps it and checks the header: at most kMaxSafetensorsHeaderBytes,
+  // offsets in range, consistent with dtype x shape and not overlapping
+  // another tensor's bytes. Errors name the file and the tensor.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;

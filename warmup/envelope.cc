@@ -2,14 +2,13 @@
 #include "warmup/envelope.h"
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/op.h"
 #include "nlohmann/json.hpp"
+#include "warmup/regular_file.h"
 #include "warmup/tuning_cache.h"
 
 namespace fusedserve {
@@ -172,11 +171,9 @@ absl::StatusOr<std::vector<EnvelopeEntry>> ParseEnvelope(const std::string& text
 }
 
 absl::StatusOr<std::vector<EnvelopeEntry>> LoadEnvelopeFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read envelope file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  absl::StatusOr<std::vector<EnvelopeEntry>> env = ParseEnvelope(ss.str());
+  absl::StatusOr<std::string> text = ReadRegularFile(path, kMaxEnvelopeFileBytes);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<std::vector<EnvelopeEntry>> env = ParseEnvelope(*text);
   if (!env.ok()) return absl::InvalidArgumentError(path + ": " + std::string(env.status().message()));
   return env;
 }

@@ -26,6 +26,7 @@
 // duplicates after bucketing are dropped. dtype is "bf16", "f16" or "f32".
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ namespace fusedserve {
 
 std::vector<EnvelopeEntry> DefaultEnvelope(const WarmupOptions& options);
 absl::StatusOr<std::vector<EnvelopeEntry>> ParseEnvelope(const std::string& json_text);
+// An envelope file lists at most a few thousand entries; a larger one is refused.
+inline constexpr int64_t kMaxEnvelopeFileBytes = int64_t{16} << 20;
+// Reads a regular file of at most kMaxEnvelopeFileBytes (a FIFO or device is
+// refused, not blocked on; NOT_FOUND when missing) and parses it.
 absl::StatusOr<std::vector<EnvelopeEntry>> LoadEnvelopeFile(const std::string& path);
 
 // Checks a TuningKey's rank and dims for op.

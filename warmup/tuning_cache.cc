@@ -1,5 +1,5 @@
-// Tuning cache file I/O: load with set-aside of corrupt files, merge under an
-// flock, atomic replace. The file format and failure policy are described in
+// Tuning cache file I/O: load with set-aside of corrupt files (unreadable ones
+// are left alone), merge under an flock, atomic replace. The file format and failure policy are described in
 // tuning_cache.h.
 #include "warmup/tuning_cache.h"
 
@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "warmup/regular_file.h"
 
 namespace fusedserve {
 
@@ -206,11 +207,23 @@ class FileLock {
   // for_write: the lock file must be creatable (the directory is writable).
   // Otherwise an existing lock file is used read-only, and no lock at all is
   // fine for a reader (files are only ever replaced by rename).
+  // The lock file is never followed through a symbolic link (O_NOFOLLOW: a
+  // link planted there must not make us create or lock its target) and must be
+  // a regular file (O_NONBLOCK: a FIFO there cannot block the open).
   bool Acquire(const std::string& lock_path, bool for_write, std::string* error) {
-    fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0 && !for_write) fd_ = open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int flags = O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | flags, 0644);
+    if (fd_ < 0 && errno != ELOOP && !for_write) fd_ = open(lock_path.c_str(), O_RDONLY | flags);
     if (fd_ < 0) {
-      *error = "cannot open lock file " + lock_path + ": " + ErrnoText(errno);
+      *error = errno == ELOOP ? "lock file " + lock_path + " is a symbolic link; not followed"
+                              : "cannot open lock file " + lock_path + ": " + ErrnoText(errno);
+      return !for_write;
+    }
+    struct stat st;
+    if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      *error = "lock file " + lock_path + " is not a regular file";
+      close(fd_);
+      fd_ = -1;
       return !for_write;
     }
     while (flock(fd_, LOCK_EX) != 0) {
@@ -225,29 +238,19 @@ class FileLock {
   int fd_ = -1;
 };
 
-enum class ReadResult { kOk, kMissing, kError };
+// kUnreadable: something is at the path but could not be read (permission
+// denied, not a regular file, over kMaxTuningCacheBytes, an I/O error). It
+// was never parsed, so nothing says it is corrupt.
+enum class ReadResult { kOk, kMissing, kUnreadable };
 
 ReadResult ReadWholeFile(const std::string& path, std::string* text, std::string* error) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return ReadResult::kMissing;
-    *error = ErrnoText(errno);
-    return ReadResult::kError;
+  absl::StatusOr<std::string> read = ReadRegularFile(path, kMaxTuningCacheBytes);
+  if (absl::IsNotFound(read.status())) return ReadResult::kMissing;
+  if (!read.ok()) {
+    *error = std::string(read.status().message());
+    return ReadResult::kUnreadable;
   }
-  text->clear();
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      *error = ErrnoText(errno);
-      close(fd);
-      return ReadResult::kError;
-    }
-    if (n == 0) break;
-    text->append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
+  *text = *std::move(read);
   return ReadResult::kOk;
 }
 
@@ -453,13 +456,16 @@ void TuningCache::Load() {
     notices_.push_back("tuning cache " + path_ + " does not exist yet; it will be created");
     return;
   }
-  ParsedFile parsed;
-  if (rr == ReadResult::kError) {
-    parsed.kind = ParsedFile::kCorrupt;
-    parsed.why = "unreadable: " + read_error;
-  } else {
-    parsed = ParseCacheText(text, stamp);
+  if (rr == ReadResult::kUnreadable) {
+    absl::MutexLock l(&mu_);
+    state_ = "unreadable";
+    writable_ = false;
+    CountRejected("unreadable");
+    notices_.push_back("warning: tuning cache " + path_ + " cannot be read (" + read_error +
+                       "); left untouched and not written; tuned configs stay in memory");
+    return;
   }
+  ParsedFile parsed = ParseCacheText(text, stamp);
 
   absl::MutexLock l(&mu_);
   switch (parsed.kind) {
@@ -602,12 +608,18 @@ bool TuningCache::Flush() {
   std::string text;
   ParsedFile parsed;
   const ReadResult rr = ReadWholeFile(path_, &text, &error);
-  if (rr == ReadResult::kOk) {
-    parsed = ParseCacheText(text, stamp);
-  } else if (rr == ReadResult::kError) {
-    parsed.kind = ParsedFile::kCorrupt;
-    parsed.why = "unreadable: " + error;
+  if (rr == ReadResult::kUnreadable) {
+    // Became unreadable since we loaded (or was replaced by a directory, a
+    // FIFO...): not ours to destroy.
+    absl::MutexLock l(&mu_);
+    state_ = "unreadable";
+    writable_ = false;
+    CountRejected("unreadable");
+    notices_.push_back("warning: tuning cache " + path_ + " cannot be read (" + error +
+                       "); left untouched and not written; tuned configs stay in memory");
+    return false;
   }
+  if (rr == ReadResult::kOk) parsed = ParseCacheText(text, stamp);
   if (parsed.kind == ParsedFile::kForeignSchema) {
     // Written by another version since we loaded: leave it alone.
     absl::MutexLock l(&mu_);
@@ -633,10 +645,14 @@ bool TuningCache::Flush() {
     if (dirty.count(id) != 0 || merged.count(id) == 0) merged[id] = e;
   }
 
-  RemoveStaleTemps(path_);
-  if (!WriteFileAtomically(path_, SerializeCache(stamp, merged, std::move(parsed.others)), &error)) {
-    return unwritable(error);
+  const std::string out = SerializeCache(stamp, merged, std::move(parsed.others));
+  if (static_cast<int64_t>(out.size()) > kMaxTuningCacheBytes) {
+    // Written, it could never be read back.
+    return unwritable(absl::StrCat("the merged cache would have ", out.size(), " bytes, more than the limit of ",
+                                   kMaxTuningCacheBytes));
   }
+  RemoveStaleTemps(path_);
+  if (!WriteFileAtomically(path_, out, &error)) return unwritable(error);
 
   absl::MutexLock l(&mu_);
   for (auto& [id, e] : merged) {

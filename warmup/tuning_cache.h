@@ -26,10 +26,20 @@
 // only ever see a complete old or new file.
 //
 // Failure policy (none of these is an error to the caller):
-//   corrupt or unreadable file -> renamed to "<path>.corrupt-<UTC time>", rebuilt
+//   file read but not parseable -> renamed to "<path>.corrupt-<UTC time>", rebuilt (state "corrupt")
+//   file there but not readable (permission denied, a directory, a FIFO or
+//   device, larger than kMaxTuningCacheBytes, an I/O error)
+//                               -> left untouched, never written; configs kept in
+//                                  memory, one warning (state "unreadable"): a
+//                                  valid cache one replica cannot read is not
+//                                  destroyed for every replica
 //   schema from another version -> not used, never written (state "foreign")
 //   no section for this stamp   -> state "foreign"; our section is added on write
 //   read-only / full volume     -> configs kept in memory, one warning (state "read_only")
+//   "<path>.lock" not a regular file (a symbolic link, FIFO...) -> never followed or
+//                                  created through; no writes, as for a read-only volume
+// Files are opened with warmup/regular_file.h, so a FIFO or device at the
+// path never blocks start-up.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +57,11 @@ namespace fusedserve {
 
 inline constexpr int kTuningCacheSchema = 1;
 inline constexpr int kMaxForeignSections = 7;
+// Largest cache file read (parsing costs ~10x its size in memory). A real
+// cache holds a few hundred entries of ~250 bytes per stamp: well under 1 MiB.
+// A larger file is left untouched (state "unreadable"), and a merge that
+// would exceed it is not written.
+inline constexpr int64_t kMaxTuningCacheBytes = int64_t{64} << 20;
 
 // What tuned configs are valid for: the same device, driver, libraries and
 // kernel build. Configs are only reused when every field is equal.
@@ -99,7 +114,7 @@ class TuningCache {
   // Loads again for another stamp (the warm-up found a different device).
   void Reopen(CacheStamp stamp);
 
-  // "loaded", "created", "foreign", "corrupt", "disabled" or "read_only".
+  // "loaded", "created", "foreign", "corrupt", "unreadable", "disabled" or "read_only".
   std::string state() const;
   const std::string& path() const { return path_; }
   CacheStamp stamp() const;
@@ -126,7 +141,8 @@ class TuningCache {
   // Log lines (warnings, state changes) since the last call.
   std::vector<std::string> TakeNotices();
   // Reasons the file (or part of it) was not used or not written, with counts:
-  // "stale" (foreign stamp or schema), "corrupt", "unwritable".
+  // "stale" (foreign stamp or schema), "corrupt" (read, not parseable),
+  // "unreadable" (there but not readable: left alone), "unwritable".
   std::vector<std::pair<std::string, int64_t>> rejected() const;
 
  private:

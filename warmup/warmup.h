@@ -54,7 +54,7 @@ struct WarmupOptions {
 };
 
 struct WarmupReport {
-  std::string cache_state;  // "loaded", "created", "foreign", "corrupt", "disabled", "read_only"
+  std::string cache_state;  // "loaded", "created", "foreign", "corrupt", "unreadable", "disabled", "read_only"
   int64_t entries = 0;      // entries in the cache after warm-up
   int64_t hits = 0;         // envelope entries found in the cache
   int64_t misses = 0;       // envelope entries tuned (or defaulted) at start

@@ -1,8 +1,13 @@
 // Model config parsing and the safetensors checkpoint loader: files written
 // here byte by byte (header length, JSON header, data), single-file and
-// sharded checkpoints, and every start-up error naming its tensor.
+// sharded checkpoints, every start-up error naming its tensor, and hostile
+// files (absurd sizes, overlapping tensors, FIFOs) refused without blocking
+// or allocating.
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "server/model_config.h"
 #include "server/model_weights.h"
+#include "tests/unit/run_in_child.h"
 
 namespace fusedserve {
 namespace {
@@ -174,6 +180,87 @@ TEST(ModelConfigTest, RejectsUnsupported) {
   EXPECT_FALSE(ConfigFromHfJson("{not json", "cfg").ok());
 }
 
+// Every size field has a cap, checked on config.json alone; the error names
+// the field and the limit.
+TEST(ModelConfigTest, RejectsAbsurdSizesNamingFieldAndLimit) {
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {"num_hidden_layers", kMaxLayers},          {"hidden_size", kMaxHidden},
+      {"intermediate_size", kMaxIntermediate},    {"num_attention_heads", kMaxHeads},
+      {"num_key_value_heads", kMaxHeads},         {"head_dim", kMaxHeadDim},
+      {"vocab_size", kMaxVocab},                  {"max_position_embeddings", kMaxPositions}};
+  for (const auto& [field, limit] : cases) {
+    for (const json& value : {json(1000000000), json(limit + 1), json(uint64_t{18446744073709551615u})}) {
+      json j = TinyConfigJson();
+      j[field] = value;
+      absl::StatusOr<ModelConfig> c = ConfigFromHfJson(j.dump(), "config.json");
+      ASSERT_FALSE(c.ok()) << field << " = " << value.dump();
+      EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+      const std::string msg(c.status().message());
+      EXPECT_NE(msg.find(field), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::to_string(limit)), std::string::npos) << msg;
+    }
+    // The limit itself is accepted as far as this field goes.
+    json j = TinyConfigJson();
+    j[field] = limit;
+    absl::StatusOr<ModelConfig> c = ConfigFromHfJson(j.dump(), "config.json");
+    if (!c.ok()) {
+      EXPECT_EQ(std::string(c.status().message()).find(field + " ="), std::string::npos) << c.status();
+    }
+  }
+  // Every field within its cap, the total not: refused by the parameter bound.
+  json j = TinyConfigJson();
+  j["num_hidden_layers"] = kMaxLayers;
+  j["hidden_size"] = kMaxHidden;
+  j["intermediate_size"] = kMaxIntermediate;
+  j["num_attention_heads"] = 512;
+  j["num_key_value_heads"] = 8;
+  absl::StatusOr<ModelConfig> c = ConfigFromHfJson(j.dump(), "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find(std::to_string(kMaxParameters)), std::string::npos) << c.status();
+  // Sizes must be integers (a float would be cast without a range check).
+  j = TinyConfigJson();
+  j["max_position_embeddings"] = 1e30;
+  c = ConfigFromHfJson(j.dump(), "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("max_position_embeddings"), std::string::npos) << c.status();
+}
+
+// The current address-space size of this process, in bytes.
+int64_t VirtualMemoryBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0;
+  statm >> pages;
+  return pages * sysconf(_SC_PAGESIZE);
+}
+
+// num_hidden_layers = 1e9 once made the loader list 9e9 expected tensors (GBs,
+// then an abort). Now it is refused from config.json, before any allocation
+// that scales with it: the load runs in a child allowed 256 MiB more address
+// space than it starts with, and must answer within seconds.
+TEST(CheckpointTest, AbsurdLayerCountIsRejectedBeforeAllocation) {
+  TempDir dir;
+  json j = TinyConfigJson();
+  WriteSafetensors(dir.path() + "/model.safetensors", TensorsFor(*ConfigFromHfJson(j.dump(), "tiny")));
+  j["num_hidden_layers"] = 1000000000;
+  WriteConfig(dir.path(), j);
+  const auto start = std::chrono::steady_clock::now();
+  const int code = testing::RunInChild(
+      [&] {
+        const rlim_t cap = static_cast<rlim_t>(VirtualMemoryBytes() + (int64_t{256} << 20));
+        const rlimit limit{cap, cap};
+        if (setrlimit(RLIMIT_AS, &limit) != 0) return 10;
+        absl::Status s = ModelWeights::LoadCheckpoint(dir.path()).status();
+        if (s.code() != absl::StatusCode::kInvalidArgument) return 1;
+        const std::string msg(s.message());
+        if (msg.find("num_hidden_layers") == std::string::npos) return 2;
+        if (msg.find(std::to_string(kMaxLayers)) == std::string::npos) return 3;
+        return 0;
+      },
+      /*timeout_s=*/30);
+  EXPECT_EQ(code, 0) << "-1: the child aborted (out of memory) or hung";
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10);
+}
+
 TEST(SafetensorsTest, ReadsHeaderAndData) {
   TempDir dir;
   const std::string path = dir.path() + "/a.safetensors";
@@ -217,6 +304,69 @@ TEST(SafetensorsTest, RejectsCorruptFiles) {
   EXPECT_FALSE(SafetensorsFile::Open(path).ok());
   EXPECT_EQ(SafetensorsFile::Open(dir.path() + "/missing.safetensors").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(SafetensorsTest, RejectsOverlappingTensors) {
+  TempDir dir;
+  const std::string path = dir.path() + "/overlap.safetensors";
+  // Two F32 [4] tensors (16 bytes each) sharing bytes 8..16 of a 24-byte data section.
+  WriteSafetensors(path, {{"data", F32Tensor({6}, 0)}},
+                   R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},)"
+                   R"( "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})");
+  absl::Status s = SafetensorsFile::Open(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("overlap"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("'a'"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("'b'"), std::string::npos) << s;
+  // The same range twice.
+  WriteSafetensors(path, {{"data", F32Tensor({4}, 0)}},
+                   R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},)"
+                   R"( "b": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})");
+  s = SafetensorsFile::Open(path).status();
+  EXPECT_NE(std::string(s.message()).find("overlap"), std::string::npos) << s;
+  // Adjacent ranges and empty tensors are fine.
+  WriteSafetensors(path, {{"data", F32Tensor({8}, 0)}},
+                   R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},)"
+                   R"( "e": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]},)"
+                   R"( "b": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})");
+  EXPECT_TRUE(SafetensorsFile::Open(path).ok()) << SafetensorsFile::Open(path).status();
+}
+
+// A header over kMaxSafetensorsHeaderBytes is refused before it is parsed,
+// even when it is valid JSON and the file is that long.
+TEST(SafetensorsTest, RejectsHugeHeader) {
+  TempDir dir;
+  const std::string path = dir.path() + "/huge.safetensors";
+  const std::string header = "{" + std::string(static_cast<size_t>(kMaxSafetensorsHeaderBytes), ' ') + "}";
+  {
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    out << header;
+  }
+  absl::Status s = SafetensorsFile::Open(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find(std::to_string(kMaxSafetensorsHeaderBytes)), std::string::npos) << s;
+}
+
+// A FIFO as config.json or as a shard is refused at once; opening one for
+// reading used to block start-up forever (no writer ever comes).
+TEST(CheckpointTest, FifoFilesAreRefusedNotBlockedOn) {
+  TempDir dir;
+  ASSERT_EQ(mkfifo((dir.path() + "/config.json").c_str(), 0644), 0);
+  ASSERT_EQ(mkfifo((dir.path() + "/shard.safetensors").c_str(), 0644), 0);
+  const int code = testing::RunInChild(
+      [&] {
+        absl::Status s = ModelWeights::LoadCheckpoint(dir.path()).status();
+        if (s.code() != absl::StatusCode::kFailedPrecondition) return 1;
+        if (std::string(s.message()).find("FIFO") == std::string::npos) return 2;
+        s = SafetensorsFile::Open(dir.path() + "/shard.safetensors").status();
+        if (s.code() != absl::StatusCode::kFailedPrecondition) return 3;
+        if (ConfigFromHfFile(dir.path() + "/config.json").ok()) return 4;
+        return 0;
+      },
+      /*timeout_s=*/10);
+  EXPECT_EQ(code, 0) << "-1: blocked on the FIFO";
 }
 
 TEST(CheckpointTest, LoadsSingleFile) {

@@ -1,10 +1,13 @@
 // Tuning cache and warm-up service on the CPU: file round trip, atomic
 // replacement under SIGKILL, concurrent writers (threads and processes)
 // merging without loss, foreign stamps and schemas left untouched, corrupt
-// files set aside and rebuilt, unwritable directories, and a warm restart
+// files set aside and rebuilt, unreadable ones (permission denied, a
+// directory, a FIFO, too large) left alone, a symlinked lock file not
+// followed, unwritable directories, and a warm restart
 // that times nothing. A fake Tuner stands in for the GPU so the whole
 // Warmup() path runs.
 #include <dirent.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -28,6 +31,7 @@
 #include "warmup/envelope.h"
 #include "warmup/tuning_cache.h"
 #include "warmup/warmup.h"
+#include "tests/unit/run_in_child.h"
 
 namespace fusedserve {
 namespace {
@@ -396,6 +400,161 @@ TEST(TuningCache, ServerStartsOnUnwritableVolume) {
   for (const std::string& l : lines) warnings += l.find("cannot write tuning cache") != std::string::npos;
   EXPECT_EQ(warnings, 1);
   EXPECT_EQ(s->lookup()("rms_norm", DType::kBF16, {3, 64}), "c1");
+}
+
+// ---- files that cannot be read: left alone, never written -------------------------------
+
+bool HasCorruptAside(const std::string& dir) {
+  for (const std::string& name : ListDir(dir)) {
+    if (name.find(".corrupt-") != std::string::npos) return true;
+  }
+  return false;
+}
+
+bool NoticeHas(TuningCache& c, const std::string& text) {
+  bool found = false;
+  for (const std::string& n : c.TakeNotices()) found |= n.find(text) != std::string::npos;
+  return found;
+}
+
+// A valid cache that this replica may not read (another uid wrote it 0600)
+// used to be called corrupt and renamed away for every replica. Root reads
+// anything, so as root the reader runs in a child that drops to nobody
+// (65534); the directory is writable by it, so the old rename would succeed.
+TEST(TuningCache, PermissionDeniedFileIsLeftInPlace) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/cache.json";
+  {
+    std::unique_ptr<TuningCache> writer = TuningCache::Open(path, Stamp());
+    writer->Put(Entry("rms_norm", {1, 64}, "t64"));
+    ASSERT_TRUE(writer->Flush());
+  }
+  const std::string before = ReadFile(path);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(path.c_str(), geteuid() == 0 ? 0600 : 0000), 0);
+  const int code = testing::RunInChild(
+      [&] {
+        if (geteuid() == 0 && (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0)) return 10;
+        std::unique_ptr<TuningCache> c = TuningCache::Open(path, Stamp());
+        if (c->state() != "unreadable") return 1;
+        if (Rejected(*c, "unreadable") != 1 || Rejected(*c, "corrupt") != 0) return 2;
+        if (!NoticeHas(*c, "Permission denied")) return 3;
+        c->Put(Entry("gelu", {1, 128}, "v8"));
+        if (c->Flush()) return 4;  // memory only: nothing written over the other replica's file
+        if (c->LookupConfig("gelu", DType::kBF16, {1, 128}) != "v8") return 5;
+        return 0;
+      },
+      /*timeout_s=*/20);
+  chmod(path.c_str(), 0644);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(ReadFile(path), before);
+  EXPECT_FALSE(HasCorruptAside(dir));
+}
+
+// A directory at the path (a volume mounted one level too deep) is not
+// renamed away with its contents.
+TEST(TuningCache, DirectoryAtPathIsLeftInPlace) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/cache.json";
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  WriteFile(path + "/keep", "data");
+  std::unique_ptr<TuningCache> c = TuningCache::Open(path, Stamp());
+  EXPECT_EQ(c->state(), "unreadable");
+  EXPECT_EQ(Rejected(*c, "unreadable"), 1);
+  EXPECT_EQ(Rejected(*c, "corrupt"), 0);
+  EXPECT_TRUE(NoticeHas(*c, "directory"));
+  c->Put(Entry("gelu", {1, 128}, "v8"));
+  EXPECT_FALSE(c->Flush());
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {1, 128}), "v8");
+  EXPECT_EQ(ReadFile(path + "/keep"), "data");
+  EXPECT_FALSE(HasCorruptAside(dir));
+}
+
+// A FIFO at the path used to block start-up in open() forever. The body runs
+// in a child so that a regression fails the test instead of hanging it.
+TEST(TuningCache, FifoAtPathDoesNotBlock) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/cache.json";
+  ASSERT_EQ(mkfifo(path.c_str(), 0644), 0);
+  const int code = testing::RunInChild(
+      [&] {
+        std::unique_ptr<TuningCache> c = TuningCache::Open(path, Stamp());
+        if (c->state() != "unreadable") return 1;
+        if (Rejected(*c, "unreadable") != 1) return 2;
+        c->Put(Entry("gelu", {1, 128}, "v8"));
+        if (c->Flush()) return 3;
+        c->Refresh();
+        return 0;
+      },
+      /*timeout_s=*/10);
+  EXPECT_EQ(code, 0) << "-1: blocked on the FIFO";
+  struct stat st;
+  ASSERT_EQ(lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_FALSE(HasCorruptAside(dir));
+}
+
+// A file over kMaxTuningCacheBytes is not read (it would cost ~10x its size in
+// memory) and not renamed: it was never parsed, so nothing says it is corrupt.
+TEST(TuningCache, OversizedFileIsRefusedAndLeftInPlace) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/cache.json";
+  WriteFile(path, "");
+  ASSERT_EQ(truncate(path.c_str(), kMaxTuningCacheBytes + 1), 0);  // sparse: no disk used
+  std::unique_ptr<TuningCache> c = TuningCache::Open(path, Stamp());
+  EXPECT_EQ(c->state(), "unreadable");
+  EXPECT_EQ(Rejected(*c, "unreadable"), 1);
+  EXPECT_TRUE(NoticeHas(*c, std::to_string(kMaxTuningCacheBytes)));
+  c->Put(Entry("gelu", {1, 128}, "v8"));
+  EXPECT_FALSE(c->Flush());
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, kMaxTuningCacheBytes + 1);
+  EXPECT_FALSE(HasCorruptAside(dir));
+}
+
+// "<path>.lock" is opened with O_NOFOLLOW: a symbolic link planted there must
+// not make the cache create (or lock) its target. Without a safe lock the
+// cache is not written, as on a read-only volume.
+TEST(TuningCache, SymlinkedLockIsNotFollowed) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/cache.json";
+  const std::string target = dir + "/elsewhere";
+  ASSERT_EQ(symlink(target.c_str(), (path + ".lock").c_str()), 0);
+  std::unique_ptr<TuningCache> c = TuningCache::Open(path, Stamp());
+  EXPECT_EQ(c->state(), "created");
+  c->Put(Entry("gelu", {1, 128}, "v8"));
+  EXPECT_FALSE(c->Flush());
+  EXPECT_EQ(c->state(), "read_only");
+  EXPECT_TRUE(NoticeHas(*c, "symbolic link"));
+  EXPECT_FALSE(Exists(target));
+  EXPECT_FALSE(Exists(path));
+  struct stat st;
+  ASSERT_EQ(lstat((path + ".lock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+}
+
+// The warm-up report (and so GetServerInfo and the rejected metric) says
+// "unreadable", not "corrupt", and the service still warms up.
+TEST(TuningService, UnreadableCacheIsReportedTruthfully) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/cache.json";
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  FakeTuner::Counters counters;
+  std::unique_ptr<TuningService> s = MakeService(SmallOptions(path), &counters);
+  std::vector<std::string> lines;
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  ASSERT_TRUE(s->Warmup(cpu.get(), [&](const std::string& l) { lines.push_back(l); }).ok());
+  const WarmupReport r = s->report();
+  EXPECT_EQ(r.cache_state, "unreadable");
+  EXPECT_EQ(Rejected(r, "unreadable"), 1);
+  EXPECT_EQ(Rejected(r, "corrupt"), 0);
+  EXPECT_EQ(Rejected(r, "unwritable"), 0);
+  int warnings = 0;
+  for (const std::string& l : lines) warnings += l.find("cannot be read") != std::string::npos;
+  EXPECT_EQ(warnings, 1);
+  EXPECT_EQ(s->lookup()("rms_norm", DType::kBF16, {3, 64}), "c1");
+  EXPECT_TRUE(Exists(path));
 }
 
 // ---- concurrency --------------------------------------------------------------------------

@@ -26,8 +26,8 @@ struct Engine::Sequence {
 // The TransformerBlock call being run, with its progress.
 struct Engine::ActiveBlock {
   BlockTask task;
-  int64_t row = 0;    // chunked: rows [0, row) of the flattened [B*S] ran through every layer
-  int64_t layer = 0;  // whole: layers done
+  int64_t row = 0;                           // chunked: rows [0, row) of the flattened [B*S] ran through every layer
+  int64_t layer = 0;                         // whole: layers done
   std::vector<std::vector<int32_t>> tables;  // chunked: [B] block tables, freed as each sequence ends
 };
 
@@ -130,9 +130,9 @@ absl::Status Engine::SubmitBlock(BlockTask task) {
   }
   // Chunked, a sequence's K/V sit in the KV cache, which holds max_seq_len positions.
   if (runner_->SupportsLayersChunked() && task.seq_len > options_.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden: S = ", task.seq_len,
-                                                   " is longer than this server's longest sequence (--max_seq_len=",
-                                                   options_.max_seq_len, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden: S = ", task.seq_len,
+                     " is longer than this server's longest sequence (--max_seq_len=", options_.max_seq_len, ")"));
   }
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("server is shutting down");
@@ -231,8 +231,8 @@ int64_t Engine::RunBlockPiece(int64_t max_rows) {
   const int64_t S = t.seq_len, total = t.batch * S;
   if (!runner_->SupportsLayersChunked()) {
     // The runner runs rows only whole: one layer of every row per step.
-    if (absl::Status s = runner_->RunLayers(t.first_layer + a.layer, 1, t.batch, S, t.positions.data(),
-                                            t.hidden.data());
+    if (absl::Status s =
+            runner_->RunLayers(t.first_layer + a.layer, 1, t.batch, S, t.positions.data(), t.hidden.data());
         !s.ok()) {
       FinishBlock(s);
     } else if (++a.layer >= t.num_layers) {
@@ -285,8 +285,7 @@ void Engine::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || wake_ || !waiting_.empty() || !block_tasks_.empty() || !running_.empty() ||
-               block_ != nullptr;
+        return stop_ || wake_ || !waiting_.empty() || !block_tasks_.empty() || !running_.empty() || block_ != nullptr;
       };
       mu_.Await(absl::Condition(&has_work));
       if (stop_) break;
@@ -374,7 +373,8 @@ void Engine::Step() {
   for (const auto& s : running_) {
     decodes += s->cached >= s->prompt_len && static_cast<int64_t>(s->tokens.size()) - s->cached == 1;
   }
-  const int64_t block_rows = RunBlockPiece(std::min(chunk, std::max<int64_t>(1, options_.max_batched_tokens - decodes)));
+  const int64_t block_rows =
+      RunBlockPiece(std::min(chunk, std::max<int64_t>(1, options_.max_batched_tokens - decodes)));
 
   // 3. Admission, FIFO, within the running, token and block limits. The
   // token budget left after the decodes, the block piece and the running

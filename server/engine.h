@@ -164,7 +164,7 @@ class Engine {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   std::vector<std::unique_ptr<Sequence>> running_;  // engine thread only, admission order
-  std::unique_ptr<ActiveBlock> block_;               // engine thread only
+  std::unique_ptr<ActiveBlock> block_;              // engine thread only
   std::thread thread_;
 };
 

@@ -23,8 +23,7 @@ absl::Status ModelRunner::ForwardLogits(std::vector<SeqForward> batch, std::vect
   return absl::OkStatus();
 }
 
-absl::Status ModelRunner::RunLayersChunked(int64_t, int64_t, const std::vector<SeqForward>&, const int64_t*,
-                                           float*) {
+absl::Status ModelRunner::RunLayersChunked(int64_t, int64_t, const std::vector<SeqForward>&, const int64_t*, float*) {
   return absl::UnimplementedError(absl::StrCat("the ", device(), " runner runs TransformerBlock only whole"));
 }
 
@@ -151,9 +150,8 @@ class CpuModelRunner final : public ModelRunner {
       T += s.num_tokens;
     }
     for (int64_t l = first; l < first + n; ++l) {
-      RunLayer(l, T, positions, hidden, [&](const float* q, const float* k, const float* v, float* o) {
-        PagedAttention(l, batch, q, k, v, o);
-      });
+      RunLayer(l, T, positions, hidden,
+               [&](const float* q, const float* k, const float* v, float* o) { PagedAttention(l, batch, q, k, v, o); });
     }
     return absl::OkStatus();
   }

@@ -72,8 +72,9 @@ absl::StatusOr<BlockTask> ValidateTransformerBlock(const v1::TransformerBlockReq
   for (size_t i = 0; i < task.hidden.size(); ++i) {
     if (!std::isfinite(task.hidden[i])) {
       const int64_t row = static_cast<int64_t>(i) / D;
-      return absl::InvalidArgumentError(absl::StrCat("hidden[", row / S, ", ", row % S, ", ", static_cast<int64_t>(i) % D,
-                                                     "] = ", task.hidden[i], " is not finite"));
+      return absl::InvalidArgumentError(absl::StrCat("hidden[", row / S, ", ", row % S, ", ",
+                                                     static_cast<int64_t>(i) % D, "] = ", task.hidden[i],
+                                                     " is not finite"));
     }
   }
   if (req.has_positions()) {

@@ -73,8 +73,8 @@ class BlockSchedulingTest : public ::testing::Test {
   // Chunks of 128 rows: on this model a chunk at the end of an 8192-row
   // sequence is ~0.1 s of CPU; the default 2048 is ~16x that.
   static void SetUpTestSuite() {
-    server_ = ServerProcess::Start({"--seed=" + std::to_string(kSeed), "--prefill_chunk_tokens=128",
-                                    "--max_new_tokens_limit=100000"})
+    server_ = ServerProcess::Start(
+                  {"--seed=" + std::to_string(kSeed), "--prefill_chunk_tokens=128", "--max_new_tokens_limit=100000"})
                   .release();
   }
   static void TearDownTestSuite() {
@@ -119,10 +119,10 @@ TEST_F(BlockSchedulingTest, LargeBlockCallDoesNotStallAStream) {
     gap_s = std::max(gap_s, std::chrono::duration<double>(reads[i] - reads[i - 1]).count());
     if (reads[i] < t1) ++during;
   }
-  std::printf("TransformerBlock [1, %lld, 64]: %.2f s; stream's max gap between tokens meanwhile: %.3f s "
-              "(%lld messages during the call)\n",
-              static_cast<long long>(S), std::chrono::duration<double>(t1 - t0).count(), gap_s,
-              static_cast<long long>(during));
+  std::printf(
+      "TransformerBlock [1, %lld, 64]: %.2f s; stream's max gap between tokens meanwhile: %.3f s "
+      "(%lld messages during the call)\n",
+      static_cast<long long>(S), std::chrono::duration<double>(t1 - t0).count(), gap_s, static_cast<long long>(during));
   EXPECT_GT(during, 10);
   EXPECT_LT(gap_s, 1.0);
 

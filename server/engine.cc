@@ -23,6 +23,14 @@ struct Engine::Sequence {
   absl::Time last_token_time = absl::InfinitePast();
 };
 
+// The TransformerBlock call being run, with its progress.
+struct Engine::ActiveBlock {
+  BlockTask task;
+  int64_t row = 0;                           // chunked: rows [0, row) of the flattened [B*S] ran through every layer
+  int64_t layer = 0;                         // whole: layers done
+  std::vector<std::vector<int32_t>> tables;  // chunked: [B] block tables, freed as each sequence ends
+};
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunner> runner, Metrics* metrics,
                                                        EngineOptions o) {
   if (runner == nullptr) return absl::InvalidArgumentError("engine needs a model runner");
@@ -32,6 +40,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   if (o.max_batched_tokens <= 0) return absl::InvalidArgumentError("--max_batched_tokens must be positive");
   if (o.prefill_chunk_tokens < 0) return absl::InvalidArgumentError("--prefill_chunk_tokens must be >= 0");
   if (o.max_new_tokens_limit <= 0) return absl::InvalidArgumentError("--max_new_tokens_limit must be positive");
+  if (o.max_block_tokens <= 0) return absl::InvalidArgumentError("--max_block_tokens must be positive");
   const ModelConfig& c = runner->config();
   int64_t blocks = o.kv_cache_blocks;
   if (blocks <= 0) {
@@ -112,6 +121,19 @@ absl::Status Engine::Submit(GenerationRequest r, std::shared_ptr<GenerationSink>
 }
 
 absl::Status Engine::SubmitBlock(BlockTask task) {
+  const int64_t tokens = task.batch * task.seq_len;  // both <= the tensor element limit: no overflow
+  if (tokens > options_.max_block_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden: B x S = ", tokens,
+                                                   " tokens exceed this server's limit per TransformerBlock call "
+                                                   "(--max_block_tokens=",
+                                                   options_.max_block_tokens, ")"));
+  }
+  // Chunked, a sequence's K/V sit in the KV cache, which holds max_seq_len positions.
+  if (runner_->SupportsLayersChunked() && task.seq_len > options_.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hidden: S = ", task.seq_len,
+                     " is longer than this server's longest sequence (--max_seq_len=", options_.max_seq_len, ")"));
+  }
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("server is shutting down");
   if (static_cast<int64_t>(block_tasks_.size()) >= std::max(options_.max_waiting, 1)) {
@@ -164,33 +186,110 @@ void Engine::FinishSequence(Sequence& seq, const absl::Status& status) {
   seq.sink->OnFinish(status, r);
 }
 
+void Engine::FinishBlock(absl::StatusOr<std::vector<float>> result) {
+  std::unique_ptr<ActiveBlock> b = std::move(block_);
+  for (auto& table : b->tables) blocks_.Free(&table);
+  b->task.done(std::move(result));
+}
+
+void Engine::ExpireBlocks(absl::Time now) {
+  // The deadline first: gRPC also cancels a call whose deadline passed.
+  auto stop_reason = [now](BlockTask& t) -> absl::Status {
+    if (now > t.deadline) return absl::DeadlineExceededError("deadline exceeded during TransformerBlock");
+    if (t.cancelled && t.cancelled()) return absl::CancelledError("TransformerBlock cancelled");
+    return absl::OkStatus();
+  };
+  if (block_ != nullptr) {
+    if (absl::Status s = stop_reason(block_->task); !s.ok()) FinishBlock(s);
+  }
+  std::vector<std::pair<BlockTask, absl::Status>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = block_tasks_.begin(); it != block_tasks_.end();) {
+      if (absl::Status s = stop_reason(*it); !s.ok()) {
+        dropped.emplace_back(std::move(*it), s);
+        it = block_tasks_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& [t, s] : dropped) t.done(s);
+}
+
+int64_t Engine::RunBlockPiece(int64_t max_rows) {
+  if (block_ == nullptr) {
+    absl::MutexLock lock(&mu_);
+    if (block_tasks_.empty()) return 0;
+    block_ = std::make_unique<ActiveBlock>();
+    block_->task = std::move(block_tasks_.front());
+    block_tasks_.pop_front();
+    block_->tables.resize(block_->task.batch);
+  }
+  ActiveBlock& a = *block_;
+  BlockTask& t = a.task;
+  const int64_t S = t.seq_len, total = t.batch * S;
+  if (!runner_->SupportsLayersChunked()) {
+    // The runner runs rows only whole: one layer of every row per step.
+    if (absl::Status s =
+            runner_->RunLayers(t.first_layer + a.layer, 1, t.batch, S, t.positions.data(), t.hidden.data());
+        !s.ok()) {
+      FinishBlock(s);
+    } else if (++a.layer >= t.num_layers) {
+      FinishBlock(std::move(t.hidden));
+    }
+    return std::min(total, max_rows);
+  }
+  // Rows [a.row, end) in sequence order; a chunk may end one sequence and
+  // start the next. Each sequence's K/V go to blocks lent to it.
+  std::vector<SeqForward> batch;
+  const int64_t end = std::min(total, a.row + max_rows);
+  int64_t r = a.row;
+  while (r < end) {
+    const int64_t b = r / S, i = r % S;
+    int64_t n = std::min(end - r, S - i);
+    std::vector<int32_t>& table = a.tables[b];
+    bool cut = false;
+    if (!blocks_.EnsureCapacity(&table, i + n)) {
+      // Cache short: run as far as the free blocks reach; the rest waits.
+      n = std::min(n, (static_cast<int64_t>(table.size()) + blocks_.num_free()) * blocks_.block_size() - i);
+      if (n <= 0 || !blocks_.EnsureCapacity(&table, i + n)) break;
+      cut = true;
+    }
+    SeqForward f;
+    f.start = i;
+    f.num_tokens = n;
+    f.block_table = table.data();
+    f.num_blocks = static_cast<int64_t>(table.size());
+    batch.push_back(f);
+    r += n;
+    if (cut) break;
+  }
+  if (batch.empty()) return 0;
+  const int64_t D = config().hidden;
+  if (absl::Status s = runner_->RunLayersChunked(t.first_layer, t.num_layers, batch, t.positions.data() + a.row,
+                                                 t.hidden.data() + a.row * D);
+      !s.ok()) {
+    FinishBlock(s);
+    return r - a.row;
+  }
+  const int64_t rows = r - a.row;
+  for (int64_t b = a.row / S; b < t.batch && (b + 1) * S <= r; ++b) blocks_.Free(&a.tables[b]);
+  a.row = r;
+  if (a.row == total) FinishBlock(std::move(t.hidden));
+  return rows;
+}
+
 void Engine::Loop() {
   while (true) {
-    std::deque<BlockTask> tasks;
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || wake_ || !waiting_.empty() || !block_tasks_.empty() || !running_.empty();
+        return stop_ || wake_ || !waiting_.empty() || !block_tasks_.empty() || !running_.empty() || block_ != nullptr;
       };
       mu_.Await(absl::Condition(&has_work));
       if (stop_) break;
       wake_ = false;
-      tasks.swap(block_tasks_);
-    }
-    for (BlockTask& t : tasks) {
-      if (t.cancelled && t.cancelled()) {
-        t.done(absl::CancelledError("TransformerBlock cancelled"));
-      } else if (absl::Now() > t.deadline) {
-        t.done(absl::DeadlineExceededError("deadline exceeded before TransformerBlock ran"));
-      } else {
-        absl::Status s = runner_->RunLayers(t.first_layer, t.num_layers, t.batch, t.seq_len, t.positions.data(),
-                                            t.hidden.data());
-        if (s.ok()) {
-          t.done(std::move(t.hidden));
-        } else {
-          t.done(s);
-        }
-      }
     }
     Step();
   }
@@ -206,6 +305,7 @@ void Engine::Loop() {
   for (auto& seq : running_) FinishSequence(*seq, down);
   running_.clear();
   for (auto& seq : waiting) FinishSequence(*seq, down);
+  if (block_ != nullptr) FinishBlock(down);
   for (BlockTask& t : tasks) t.done(down);
   UpdateGauges();
   if (metrics_ != nullptr) metrics_->requests_waiting().Set(0);
@@ -213,9 +313,10 @@ void Engine::Loop() {
 
 void Engine::Step() {
   const absl::Time now = absl::Now();
+  // The deadline first: gRPC also cancels a call whose deadline passed.
   auto stop_reason = [now](Sequence& s) -> absl::Status {
-    if (s.sink->IsCancelled()) return absl::CancelledError("generation cancelled");
     if (now > s.request.deadline) return absl::DeadlineExceededError("deadline exceeded during generation");
+    if (s.sink->IsCancelled()) return absl::CancelledError("generation cancelled");
     return absl::OkStatus();
   };
 
@@ -241,6 +342,7 @@ void Engine::Step() {
     }
   }
   for (auto& [seq, s] : dropped) FinishSequence(*seq, s);
+  ExpireBlocks(now);
 
   // 2. Room for each running sequence's next position; when blocks run out,
   // the newest sequence goes back to the head of the queue (its tokens are
@@ -262,15 +364,25 @@ void Engine::Step() {
     // Retry the same index (it may have been the victim itself).
   }
 
-  // 3. Admission, FIFO, within the running, token and block limits. The
-  // token budget left after the decodes and the running prompts' next
-  // chunks decides whether a new prompt can start this step.
+  // A piece of the current TransformerBlock call, like a running prompt's
+  // next chunk: at most a chunk, from the budget the decodes leave (at least
+  // one row, so it always advances).
   const bool chunked = options_.prefill_chunk_tokens > 0;
   const int64_t chunk = chunked ? options_.prefill_chunk_tokens : std::numeric_limits<int64_t>::max();
+  int64_t decodes = 0;
+  for (const auto& s : running_) {
+    decodes += s->cached >= s->prompt_len && static_cast<int64_t>(s->tokens.size()) - s->cached == 1;
+  }
+  const int64_t block_rows =
+      RunBlockPiece(std::min(chunk, std::max<int64_t>(1, options_.max_batched_tokens - decodes)));
+
+  // 3. Admission, FIFO, within the running, token and block limits. The
+  // token budget left after the decodes, the block piece and the running
+  // prompts' next chunks decides whether a new prompt can start this step.
   auto next_chunk = [chunk](const Sequence& s) {
     return std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.cached, chunk);
   };
-  int64_t budget = options_.max_batched_tokens;
+  int64_t budget = options_.max_batched_tokens - block_rows;
   for (const auto& s : running_) budget -= next_chunk(*s);
   bool admitted_prefill = false;
   while (static_cast<int>(running_.size()) < options_.max_running) {
@@ -302,7 +414,7 @@ void Engine::Step() {
   std::vector<SeqForward> batch;
   std::vector<size_t> member;  // running_ index of each batch entry
   batch.reserve(running_.size());
-  int64_t left = options_.max_batched_tokens;
+  int64_t left = options_.max_batched_tokens - block_rows;
   for (int pass = 0; pass < 2; ++pass) {  // decodes first, then prompts in admission order
     for (size_t i = 0; i < running_.size(); ++i) {
       Sequence& s = *running_[i];

@@ -8,8 +8,13 @@
 //      in chunks of at most prefill_chunk_tokens within the step's budget;
 //   4. run one forward, sample one token per sequence whose prompt is done,
 //      stream it, retire finished sequences.
-// TransformerBlock calls run on the same thread between steps, so the
-// runner is only ever used by one thread. Sinks are called on the engine
+// TransformerBlock calls run on the same thread, one at a time, a piece per
+// step: a chunk of rows through all the call's layers (its K/V in KV cache
+// blocks lent to it, so later rows attend to earlier ones), taken from the
+// step's token budget like a running prompt's chunk; or, where the runner
+// runs blocks only whole, one layer over all rows. So a large call no longer
+// stalls the decodes, and its deadline and cancellation stop it between
+// pieces. The runner is only ever used by one thread. Sinks are called on the engine
 // thread and must not block (the gRPC reactor queues and writes on its own).
 #pragma once
 
@@ -53,6 +58,10 @@ struct EngineOptions {
   int64_t prefill_chunk_tokens = 2048;
   // Cap on a request's max_new_tokens.
   int max_new_tokens_limit = 4096;
+  // Tokens (B x S) of one TransformerBlock call at most; more get
+  // INVALID_ARGUMENT. Bounds the memory a call holds (its hidden states and,
+  // chunked, its K/V) and how long it runs.
+  int64_t max_block_tokens = 8192;
   // Longest sequence (prompt + generated); 0 = the model's
   // max_position_embeddings capped at 8192. Also capped by the cache size.
   int64_t max_seq_len = 0;
@@ -119,7 +128,9 @@ class Engine {
   // Shutdown). On error the sink is never called; on OK exactly one
   // OnFinish follows. max_new_tokens is capped by the limits.
   absl::Status Submit(GenerationRequest request, std::shared_ptr<GenerationSink> sink);
-  // Queues a TransformerBlock call (already validated against config()).
+  // Queues a TransformerBlock call (already validated against config()):
+  // INVALID_ARGUMENT over --max_block_tokens (or, chunked, a sequence longer
+  // than --max_seq_len), RESOURCE_EXHAUSTED when the queue is full.
   absl::Status SubmitBlock(BlockTask task);
   // Makes the scheduler look at cancellations now (a sink was cancelled).
   void Wake();
@@ -128,11 +139,18 @@ class Engine {
 
  private:
   struct Sequence;
+  struct ActiveBlock;
   Engine(std::unique_ptr<ModelRunner> runner, Metrics* metrics, EngineOptions options, int64_t num_blocks);
   void Loop();
   void Step();
   void FinishSequence(Sequence& seq, const absl::Status& status);
   void UpdateGauges();
+  // Drops cancelled / past-deadline block calls, queued or running.
+  void ExpireBlocks(absl::Time now);
+  // Runs the next piece of the current block call (starting the next queued
+  // one if none); returns the rows it ran (0: none, or one layer of all rows).
+  int64_t RunBlockPiece(int64_t max_rows);
+  void FinishBlock(absl::StatusOr<std::vector<float>> result);
 
   std::unique_ptr<ModelRunner> runner_;
   Metrics* const metrics_;
@@ -146,6 +164,7 @@ class Engine {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   std::vector<std::unique_ptr<Sequence>> running_;  // engine thread only, admission order
+  std::unique_ptr<ActiveBlock> block_;              // engine thread only
   std::thread thread_;
 };
 

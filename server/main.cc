@@ -98,6 +98,9 @@ ABSL_FLAG(int64_t, max_batched_tokens, 8192, "Tokens (prefill + decode) per engi
 ABSL_FLAG(int64_t, prefill_chunk_tokens, 2048,
           "Chunked prefill: prompt tokens one sequence prefills per engine step at most (0 = whole prompts)");
 ABSL_FLAG(int, max_new_tokens_limit, 4096, "Cap on a Generate request's max_new_tokens");
+ABSL_FLAG(int64_t, max_block_tokens, 8192,
+          "Tokens (B x S) of one TransformerBlock call at most; more get INVALID_ARGUMENT. Calls run in chunks "
+          "of --prefill_chunk_tokens rows between decode steps");
 ABSL_FLAG(int64_t, max_seq_len, 0, "Longest sequence (prompt + generated); 0 = the model's, capped at 8192");
 ABSL_FLAG(int, model_threads, 0, "Threads of the CPU model runner's GEMMs; 0 = CPU cores");
 ABSL_FLAG(bool, batching, true,
@@ -366,6 +369,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   engine_options.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
   engine_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  engine_options.max_block_tokens = absl::GetFlag(FLAGS_max_block_tokens);
   engine_options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(runner), &metrics, engine_options);
   if (!engine.ok()) {

@@ -23,6 +23,10 @@ absl::Status ModelRunner::ForwardLogits(std::vector<SeqForward> batch, std::vect
   return absl::OkStatus();
 }
 
+absl::Status ModelRunner::RunLayersChunked(int64_t, int64_t, const std::vector<SeqForward>&, const int64_t*, float*) {
+  return absl::UnimplementedError(absl::StrCat("the ", device(), " runner runs TransformerBlock only whole"));
+}
+
 int64_t ModelRunner::KvBytesPerBlock(int64_t block_size) const {
   const ModelConfig& c = config();
   return 2 * c.layers * block_size * c.kv_dim() * static_cast<int64_t>(sizeof(float));
@@ -129,6 +133,26 @@ class CpuModelRunner final : public ModelRunner {
     Gemm(normed.data(), c_.tied_embeddings ? embed_.data() : lm_head_.data(), B, D, c_.vocab, out->logits.data());
     out->greedy.resize(B);
     for (int64_t b = 0; b < B; ++b) out->greedy[b] = GreedyToken(out->logits.data() + b * c_.vocab, c_.vocab);
+    return absl::OkStatus();
+  }
+
+  bool SupportsLayersChunked() const override { return true; }
+  absl::Status RunLayersChunked(int64_t first, int64_t n, const std::vector<SeqForward>& batch,
+                                const int64_t* positions, float* hidden) override {
+    if (k_cache_.empty()) return absl::FailedPreconditionError("KV cache not initialised");
+    if (first < 0 || n < 0 || first + n > c_.layers) return absl::InvalidArgumentError("layer range out of bounds");
+    int64_t T = 0;
+    for (const SeqForward& s : batch) {
+      if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a block chunk");
+      if ((s.start + s.num_tokens + block_size_ - 1) / block_size_ > s.num_blocks) {
+        return absl::InternalError("block table too short for the block chunk");
+      }
+      T += s.num_tokens;
+    }
+    for (int64_t l = first; l < first + n; ++l) {
+      RunLayer(l, T, positions, hidden,
+               [&](const float* q, const float* k, const float* v, float* o) { PagedAttention(l, batch, q, k, v, o); });
+    }
     return absl::OkStatus();
   }
 

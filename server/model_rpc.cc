@@ -67,6 +67,16 @@ absl::StatusOr<BlockTask> ValidateTransformerBlock(const v1::TransformerBlockReq
   task.batch = B;
   task.seq_len = S;
   task.hidden = hidden->ToFloat();
+  // A NaN or Inf would poison every later row of its sequence; it is the
+  // caller's input, so it is named here rather than found in the output.
+  for (size_t i = 0; i < task.hidden.size(); ++i) {
+    if (!std::isfinite(task.hidden[i])) {
+      const int64_t row = static_cast<int64_t>(i) / D;
+      return absl::InvalidArgumentError(absl::StrCat("hidden[", row / S, ", ", row % S, ", ",
+                                                     static_cast<int64_t>(i) % D, "] = ", task.hidden[i],
+                                                     " is not finite"));
+    }
+  }
   if (req.has_positions()) {
     absl::StatusOr<HostTensor> pos = TensorFromProto(req.positions(), "positions", limits);
     if (!pos.ok()) return pos.status();
@@ -113,13 +123,9 @@ void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx,
   task->deadline = absl::FromChrono(ctx->deadline());
   task->cancelled = [ctx] { return ctx->IsCancelled(); };
   task->done = [response, out_dtype, shape, finish](absl::StatusOr<std::vector<float>> out) {
+    // Finite input can still overflow (|x| near FLT_MAX): such values are
+    // returned as computed, like any other, not as a server error.
     if (out.ok()) {
-      for (float v : *out) {
-        if (!std::isfinite(v)) {
-          finish(absl::InternalError("TransformerBlock produced non-finite values"));
-          return;
-        }
-      }
       TensorToProto(HostTensor::FromFloat(out_dtype, shape, *out), response->mutable_hidden());
     }
     finish(out.status());
@@ -149,8 +155,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                            public GenerationSink,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
-  GenerateCall(Engine* engine, Metrics* metrics, absl::Time start)
-      : engine_(engine), metrics_(metrics), start_(start) {}
+  GenerateCall(Engine* engine, Metrics* metrics, absl::Time start, absl::Time deadline)
+      : engine_(engine), metrics_(metrics), start_(start), deadline_(deadline) {}
 
   // Must be called once, right after construction.
   void KeepAliveUntilDone() { self_ = shared_from_this(); }
@@ -227,6 +233,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       } else if (finishing_) {
         finish_started_ = true;
         status = final_status_;
+        // gRPC cancels a call whose deadline passed; it ends (and is counted) as expired.
+        if (absl::IsCancelled(status) && absl::Now() >= deadline_) {
+          status = absl::DeadlineExceededError("deadline exceeded during generation");
+        }
         action = kFinish;
       }
     }
@@ -245,6 +255,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   Engine* const engine_;
   Metrics* const metrics_;
   const absl::Time start_;
+  const absl::Time deadline_;
   std::shared_ptr<GenerateCall> self_;
   std::atomic<bool> cancelled_{false};
   absl::Mutex mu_;
@@ -262,7 +273,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Me
                                                               grpc::CallbackServerContext* ctx,
                                                               const v1::GenerateRequest* request) {
   const absl::Time start = absl::Now();
-  auto call = std::make_shared<GenerateCall>(engine, metrics, start);
+  auto call = std::make_shared<GenerateCall>(engine, metrics, start, absl::FromChrono(ctx->deadline()));
   call->KeepAliveUntilDone();
   GenerateCall* reactor = call.get();
   if (engine == nullptr) {
@@ -282,7 +293,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Me
   r.sampling.seed = request->seed();
   r.stop_token_ids.assign(request->stop_token_ids().begin(), request->stop_token_ids().end());
   r.arrival = start;
-  r.deadline = absl::FromChrono(ctx->deadline());
+  r.deadline = absl::FromChrono(ctx->deadline());  // the same as the reactor's
   if (absl::Status s = engine->Submit(std::move(r), std::move(call)); !s.ok()) reactor->FinishNow(s);
   return reactor;
 }

@@ -65,6 +65,17 @@ class ModelRunner {
   // hidden [B,S,D] (updated in place); positions [B,S]
   virtual absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
                                  float* hidden) = 0;
+
+  // TransformerBlock in pieces through the KV cache: layers [first, first + n)
+  // over the batch's rows (hidden [T,D] in place, T = the sum of num_tokens;
+  // positions [T] are the rope positions). Row i of a sequence is its index
+  // start + i: its K/V go to that cache slot of layers [first, first + n) and
+  // it attends to indices [0, start + i], whose K/V earlier calls wrote. So a
+  // block call cut into row chunks gives the result of RunLayers.
+  // tokens and want_logits are unused. Only where SupportsLayersChunked().
+  virtual bool SupportsLayersChunked() const { return false; }
+  virtual absl::Status RunLayersChunked(int64_t first, int64_t n, const std::vector<SeqForward>& batch,
+                                        const int64_t* positions, float* hidden);
 };
 
 // The CPU runner: weights converted to fp32 once, KV cache in fp32.

@@ -178,6 +178,53 @@ TEST(CpuRunnerTest, PagedForwardMatchesWholeSequencePath) {
   for (int64_t v = 0; v < c.vocab; ++v) EXPECT_NEAR(logits[v], full[v], 1e-4f * (1 + std::fabs(full[v])));
 }
 
+// TransformerBlock cut into row chunks through the KV cache (every chunk
+// size, chunks that end one sequence and start the next, scattered blocks,
+// positions that are not 0..S-1) gives the whole-sequence RunLayers result.
+TEST(CpuRunnerTest, ChunkedLayersMatchWholeSequencePath) {
+  auto runner = TinyRunner();
+  const ModelConfig& c = runner->config();
+  const int64_t B = 3, S = 37, D = c.hidden, bs = 4;
+  ASSERT_TRUE(runner->InitKvCache(64, bs).ok());
+  ASSERT_TRUE(runner->SupportsLayersChunked());
+  std::vector<float> input(B * S * D);
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for (float& v : input) v = dist(gen);
+  std::vector<int64_t> pos(B * S);
+  for (int64_t i = 0; i < B * S; ++i) pos[i] = 100 + 3 * (i % S) + i / S;
+  for (auto [first, n] : {std::pair<int64_t, int64_t>{0, 2}, {1, 1}}) {
+    std::vector<float> whole = input;
+    ASSERT_TRUE(runner->RunLayers(first, n, B, S, pos.data(), whole.data()).ok());
+    std::vector<float> one_chunk;
+    for (int64_t chunk : {int64_t{1}, int64_t{5}, int64_t{36}, S, B * S}) {
+      KvBlockAllocator alloc(64, bs);
+      std::vector<int32_t> spare;
+      ASSERT_TRUE(alloc.EnsureCapacity(&spare, 7 * bs));  // the sequences' blocks are not 0, 1, 2...
+      std::vector<std::vector<int32_t>> tables(B);
+      std::vector<float> h = input;
+      for (int64_t r = 0; r < B * S;) {
+        const int64_t end = std::min(B * S, r + chunk);
+        std::vector<SeqForward> batch;
+        for (int64_t x = r; x < end;) {
+          const int64_t b = x / S, i = x % S, m = std::min(end - x, S - i);
+          ASSERT_TRUE(alloc.EnsureCapacity(&tables[b], i + m));
+          batch.push_back(SeqForward{nullptr, m, i, tables[b].data(), static_cast<int64_t>(tables[b].size())});
+          x += m;
+        }
+        ASSERT_TRUE(runner->RunLayersChunked(first, n, batch, pos.data() + r, h.data() + r * D).ok());
+        r = end;
+      }
+      for (int64_t i = 0; i < B * S * D; ++i) {
+        ASSERT_NEAR(h[i], whole[i], 1e-4f * (1 + std::fabs(whole[i]))) << "chunk " << chunk << ", element " << i;
+      }
+      // Each row's computation does not depend on the chunking: bit-identical.
+      if (one_chunk.empty()) one_chunk = h;
+      EXPECT_EQ(h, one_chunk) << "chunk " << chunk;
+    }
+  }
+}
+
 // Records what the engine streams.
 class RecordingSink : public GenerationSink {
  public:
@@ -369,6 +416,131 @@ TEST(EngineTest, QueueLimitAndCancellation) {
   }
   EXPECT_EQ(metrics.kv_cache_blocks_used().Value(), 0);
   EXPECT_GT(metrics.kv_cache_blocks_total().Value(), 0);
+}
+
+// A runner that runs TransformerBlock only whole (as the CUDA runner does).
+class WholeBlocksRunner : public ModelRunner {
+ public:
+  explicit WholeBlocksRunner(std::unique_ptr<ModelRunner> r) : r_(std::move(r)) {}
+  const ModelConfig& config() const override { return r_->config(); }
+  std::string device() const override { return "whole"; }
+  absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) override {
+    return r_->InitKvCache(num_blocks, block_size);
+  }
+  absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
+    return r_->Forward(batch, out);
+  }
+  absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
+                         float* hidden) override {
+    layer_calls.fetch_add(1);
+    return r_->RunLayers(first, n, B, S, positions, hidden);
+  }
+  std::atomic<int> layer_calls{0};
+
+ private:
+  std::unique_ptr<ModelRunner> r_;
+};
+
+BlockTask MakeBlock(int64_t B, int64_t S, uint32_t seed, std::shared_ptr<absl::StatusOr<std::vector<float>>> out,
+                    std::shared_ptr<absl::Notification> done) {
+  BlockTask t;
+  t.num_layers = 2;
+  t.batch = B;
+  t.seq_len = S;
+  t.hidden.resize(B * S * 64);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for (float& v : t.hidden) v = dist(gen);
+  for (int64_t i = 0; i < B * S; ++i) t.positions.push_back(i % S);
+  t.done = [out, done](absl::StatusOr<std::vector<float>> r) {
+    *out = std::move(r);
+    done->Notify();
+  };
+  return t;
+}
+
+// The engine runs block calls in pieces between decode steps (row chunks
+// through lent KV blocks, or a layer per step for a whole-only runner): the
+// same hidden states as RunLayers, the stream unchanged, every block back.
+TEST(EngineTest, BlockCallsInPiecesMatchWholeRunLayers) {
+  for (bool whole_only : {false, true}) {
+    SCOPED_TRACE(whole_only ? "whole-only runner" : "chunked runner");
+    Metrics metrics;
+    EngineOptions o;
+    o.prefill_chunk_tokens = 7;
+    o.kv_block_size = 4;
+    o.kv_cache_blocks = 12;  // a block sequence of 40 needs 10, the stream up to 10: they compete
+    o.max_block_tokens = 200;
+    std::unique_ptr<ModelRunner> runner = TinyRunner();
+    WholeBlocksRunner* whole = nullptr;
+    if (whole_only) {
+      auto w = std::make_unique<WholeBlocksRunner>(std::move(runner));
+      whole = w.get();
+      runner = std::move(w);
+    }
+    auto engine = *Engine::Create(std::move(runner), &metrics, o);
+    std::vector<int32_t> prompt(30);
+    std::iota(prompt.begin(), prompt.end(), 7);
+    const std::vector<int32_t> alone = RunAlone(Req(prompt, 10), o);
+    auto sink = std::make_shared<RecordingSink>();
+    ASSERT_TRUE(engine->Submit(Req(prompt, 10), sink).ok());
+    // The stream holds 8 blocks when the block call starts: its first
+    // sequence gets what is left, waits, and the stream is preempted.
+    while (sink->count.load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    auto out = std::make_shared<absl::StatusOr<std::vector<float>>>();
+    auto done = std::make_shared<absl::Notification>();
+    BlockTask task = MakeBlock(3, 40, 9, out, done);
+    std::vector<float> want = task.hidden;
+    std::vector<int64_t> pos = task.positions;
+    ASSERT_TRUE(engine->SubmitBlock(std::move(task)).ok());
+    done->WaitForNotification();
+    sink->done.WaitForNotification();
+    ASSERT_TRUE(out->ok()) << out->status();
+    auto ref = TinyRunner();
+    ASSERT_TRUE(ref->RunLayers(0, 2, 3, 40, pos.data(), want.data()).ok());
+    ASSERT_EQ((*out)->size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR((**out)[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << "element " << i;
+    }
+    EXPECT_EQ(sink->tokens, alone);
+    if (whole != nullptr) {
+      EXPECT_EQ(whole->layer_calls.load(), 2);  // one layer per step
+    }
+    for (int i = 0; i < 100 && metrics.kv_cache_blocks_used().Value() != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(metrics.kv_cache_blocks_used().Value(), 0);
+  }
+}
+
+TEST(EngineTest, BlockCallLimitsAndCancellation) {
+  EngineOptions o;
+  o.max_block_tokens = 100;
+  o.prefill_chunk_tokens = 4;
+  auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+  auto out = std::make_shared<absl::StatusOr<std::vector<float>>>();
+  auto done = std::make_shared<absl::Notification>();
+  absl::Status s = engine->SubmitBlock(MakeBlock(2, 51, 1, out, done));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--max_block_tokens=100"), std::string::npos) << s;
+  EXPECT_FALSE(done->HasBeenNotified());
+  // Cancelled after its first chunk: it stops there.
+  auto chunks = std::make_shared<std::atomic<int>>(0);
+  BlockTask t = MakeBlock(1, 100, 1, out, done);
+  t.cancelled = [chunks] { return chunks->fetch_add(1) >= 1; };
+  ASSERT_TRUE(engine->SubmitBlock(std::move(t)).ok());
+  done->WaitForNotification();
+  EXPECT_EQ(out->status().code(), absl::StatusCode::kCancelled);
+  EXPECT_LE(chunks->load(), 3);
+  // Past its deadline: DEADLINE_EXCEEDED, not CANCELLED.
+  auto out2 = std::make_shared<absl::StatusOr<std::vector<float>>>();
+  auto done2 = std::make_shared<absl::Notification>();
+  BlockTask late = MakeBlock(1, 8, 1, out2, done2);
+  late.deadline = absl::Now() - absl::Seconds(1);
+  late.cancelled = [] { return true; };
+  ASSERT_TRUE(engine->SubmitBlock(std::move(late)).ok());
+  done2->WaitForNotification();
+  EXPECT_EQ(out2->status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(EngineTest, ShutdownFailsPendingRequests) {

@@ -254,10 +254,11 @@ void Drain(grpc::Server& server, FusedServeService& service, Engine& engine, Met
     service.AbortInFlight();
     engine.Shutdown();
   });
-  service.WaitIdle(grace_end - absl::Now());
-  // Generate streams still run; Shutdown waits for them (the timer ends
-  // them at grace_end) and cancels whatever is left a moment later.
-  server.Shutdown(absl::ToChronoTime(grace_end + absl::Seconds(1)));
+  // Until every call is done (or the timer has ended them), the port stays
+  // open, so late arrivals get the handlers' UNAVAILABLE, not a reset.
+  service.WaitIdle(grace_end + absl::Seconds(1) - absl::Now());
+  // Whatever is still left is cancelled by gRPC.
+  server.Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(200)));
   drained.Notify();
   grace_timer.join();
 }

@@ -155,8 +155,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                            public GenerationSink,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
-  GenerateCall(Engine* engine, Metrics* metrics, absl::Time start, absl::Time deadline)
-      : engine_(engine), metrics_(metrics), start_(start), deadline_(deadline) {}
+  GenerateCall(Engine* engine, Metrics* metrics, absl::Time start, absl::Time deadline,
+               std::function<void()> on_done)
+      : engine_(engine), metrics_(metrics), start_(start), deadline_(deadline), on_done_(std::move(on_done)) {}
 
   // Must be called once, right after construction.
   void KeepAliveUntilDone() { self_ = shared_from_this(); }
@@ -213,6 +214,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     if (engine_ != nullptr) engine_->Wake();
   }
   void OnDone() override {
+    if (on_done_) on_done_();
     std::shared_ptr<GenerateCall> last = std::move(self_);  // may free this on return
   }
 
@@ -256,6 +258,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   Metrics* const metrics_;
   const absl::Time start_;
   const absl::Time deadline_;
+  const std::function<void()> on_done_;
   std::shared_ptr<GenerateCall> self_;
   std::atomic<bool> cancelled_{false};
   absl::Mutex mu_;
@@ -269,19 +272,22 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Metrics* metrics, bool ready,
+grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Metrics* metrics,
+                                                              const absl::Status& accepting,
                                                               grpc::CallbackServerContext* ctx,
-                                                              const v1::GenerateRequest* request) {
+                                                              const v1::GenerateRequest* request,
+                                                              std::function<void()> on_done) {
   const absl::Time start = absl::Now();
-  auto call = std::make_shared<GenerateCall>(engine, metrics, start, absl::FromChrono(ctx->deadline()));
+  auto call = std::make_shared<GenerateCall>(engine, metrics, start, absl::FromChrono(ctx->deadline()),
+                                             std::move(on_done));
   call->KeepAliveUntilDone();
   GenerateCall* reactor = call.get();
   if (engine == nullptr) {
     reactor->FinishNow(absl::UnimplementedError("Generate: no model is loaded in this server"));
     return reactor;
   }
-  if (!ready) {
-    reactor->FinishNow(absl::UnavailableError("server is warming up; retry shortly"));
+  if (!accepting.ok()) {
+    reactor->FinishNow(accepting);
     return reactor;
   }
   GenerationRequest r;

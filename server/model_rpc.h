@@ -34,10 +34,14 @@ void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx,
                            const v1::TransformerBlockRequest* request, v1::TransformerBlockResponse* response,
                            const ValidationLimits& limits, std::function<void(const absl::Status&)> finish);
 
-// The reactor of one Generate call. engine may be null (UNIMPLEMENTED);
-// `ready` false answers UNAVAILABLE. Records fusedserve_requests_total.
-grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Metrics* metrics, bool ready,
+// The reactor of one Generate call. engine may be null (UNIMPLEMENTED); a
+// non-OK `accepting` (warming up, draining) ends the call with it. Records
+// fusedserve_requests_total; on_done (may be empty) runs when gRPC is done
+// with the call.
+grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Metrics* metrics,
+                                                              const absl::Status& accepting,
                                                               grpc::CallbackServerContext* ctx,
-                                                              const v1::GenerateRequest* request);
+                                                              const v1::GenerateRequest* request,
+                                                              std::function<void()> on_done);
 
 }  // namespace fusedserve

@@ -136,7 +136,8 @@ grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServ
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FusedServeService::Generate(grpc::CallbackServerContext* ctx,
                                                                            const v1::GenerateRequest* request) {
-  return StartGenerate(engine_.load(), metrics_, ready_.load(), ctx, request);
+  CallStarted();
+  return StartGenerate(engine_.load(), metrics_, CheckAccepting(), ctx, request, [this] { CallFinished(); });
 }
 
 grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerContext* ctx,

@@ -38,8 +38,8 @@ class FusedServeService final : public v1::FusedServe::CallbackService {
   // Drain, step 2 (the grace ran out): running FusedOps stop at their next
   // check and answer UNAVAILABLE.
   void AbortInFlight() { aborted_.store(true); }
-  // Waits up to `timeout` for the FusedOp and TransformerBlock calls in
-  // progress to finish; true when none is left.
+  // Waits up to `timeout` for the calls in progress (FusedOp,
+  // TransformerBlock, Generate streams) to finish; true when none is left.
   bool WaitIdle(absl::Duration timeout);
   void set_server_info(v1::GetServerInfoResponse info);
   // The model engine serving TransformerBlock and Generate; until set (or

@@ -1,8 +1,10 @@
 // Shared by the FusedOp fuzz targets: what must hold for every request that
 // passes validation. A violated property aborts (libFuzzer reports it as a
 // crash and saves the input).
-//   1. The CPU reference backend runs it without crashing (when it is cheap
-//      enough) and returns exactly the outputs OutputShapes promises.
+//   1. It is within the cost bounds, and the CPU reference backend runs it
+//      without crashing (to the end when cheap, else its first piece: all
+//      its allocations, under libFuzzer's malloc limit) and returns exactly
+//      the outputs OutputShapes promises.
 //   2. The batcher can key it, and two copies merged into one launch split
 //      back into two answers identical to running it alone.
 #pragma once
@@ -25,18 +27,34 @@ inline void Require(bool ok, const char* what) {
   }
 }
 
-// Multiply-adds a backend run would take, roughly; big runs are skipped so
-// that the fuzzer keeps its pace.
-inline double Cost(const OpRequest& r) {
-  double inputs = 0;
-  for (const auto& [name, t] : r.inputs) inputs += static_cast<double>(t.numel());
-  const std::string& op = r.op;
-  if (op == "linear") return double(r.in("x").dim(0)) * r.in("weight").dim(0) * r.in("x").dim(1);
-  if (op == "swiglu_mlp") return 3.0 * r.in("x").dim(0) * r.in("x").dim(1) * r.in("down").dim(1);
-  if (op == "attention") return double(r.in("q").dim(0)) * r.in("q").dim(0) * r.in("q").dim(1) * r.in("q").dim(2);
-  if (op == "attention_decode") return double(r.in("k_cache").numel()) * r.in("q").dim(1);
-  return inputs;
+// The server's limits, with the bytes bound lowered so that everything a
+// valid request may allocate fits well under libFuzzer's malloc limit
+// (-malloc_limit_mb, default 2048): a request whose real allocations exceed
+// its estimate, or a bound that misses a case, is a crash.
+inline ValidationLimits FuzzLimits() {
+  ValidationLimits limits;
+  limits.max_tensor_elements = int64_t{1} << 22;  // 4M elements: 8 MiB of bf16 per tensor
+  limits.max_op_bytes = double(int64_t{768} << 20);
+  limits.max_output_bytes = double(int64_t{256} << 20);
+  return limits;
 }
+
+// Validation may refuse with these codes only.
+inline bool IsValidationCode(absl::StatusCode c) {
+  return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kResourceExhausted;
+}
+
+// A StopCheck that lets the backend run its first piece of work and stops it
+// before the second: every allocation of the request happens, the time does not.
+class StopAfterFirstPiece {
+ public:
+  StopCheck check() {
+    return [this] { return pieces_++ == 0 ? absl::OkStatus() : absl::AbortedError("fuzz: stopped"); };
+  }
+
+ private:
+  int pieces_ = 0;
+};
 
 inline void CheckValidated(const OpRequest& r) {
   static Backend* cpu = MakeCpuBackend().release();
@@ -45,7 +63,17 @@ inline void CheckValidated(const OpRequest& r) {
   Require(shape->rows >= 1, "a valid request has rows");
   (void)TuningKey(r);
   const auto expect = OutputShapes(r);
-  if (Cost(r) > (1 << 18)) return;
+  const OpCost cost = EstimateCost(r);
+  Require(CheckOpCost(r, FuzzLimits()).ok(), "a validated request is within the cost bounds");
+  // Every validated request reaches the backend: cheap ones run to the end,
+  // the rest allocate everything and stop after their first piece.
+  if (cost.flops > (1 << 22)) {
+    StopAfterFirstPiece stop;
+    absl::StatusOr<TensorMap> first = cpu->Run(r, stop.check());
+    Require(first.ok() || first.status().code() == absl::StatusCode::kAborted,
+            "the CPU backend accepts every validated request");
+    return;
+  }
   absl::StatusOr<TensorMap> alone = cpu->Run(r);
   Require(alone.ok(), "the CPU backend accepts every validated request");
   Require(alone->size() == expect.size(), "outputs as OutputShapes lists");
@@ -56,7 +84,7 @@ inline void CheckValidated(const OpRequest& r) {
     Require(it->second.data.size() == static_cast<size_t>(it->second.numel()) * DTypeSize(it->second.dtype),
             "output byte length matches its shape");
   }
-  if (Cost(r) > (1 << 16)) return;
+  if (cost.flops > (1 << 18)) return;
   OpRequest a = r, b = r;
   std::vector<OutputLayout> layouts = {OutputLayoutOf(a), OutputLayoutOf(b)};
   OpRequest merged = MergeRequests({&a, &b});

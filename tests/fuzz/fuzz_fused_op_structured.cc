@@ -27,6 +27,7 @@ int64_t AnyDim(FuzzedDataProvider& in) {
     case 1: return -in.ConsumeIntegralInRange<int64_t>(1, 3);
     case 2: return std::numeric_limits<int64_t>::max();
     case 3: return int64_t{1} << in.ConsumeIntegralInRange(20, 62);
+    case 4: return int64_t{1} << in.ConsumeIntegralInRange(8, 22);  // realistic large sizes
     default: return SmallDim(in);
   }
 }
@@ -53,12 +54,14 @@ void Mutate(FuzzedDataProvider& in, v1::FusedOpRequest& p) {
     std::advance(it, in.ConsumeIntegralInRange<size_t>(0, p.inputs_size() - 1));
     return &it->second;
   };
-  // Keeps the byte length consistent with dtype and shape (when small), so
-  // that validation looks further than the length check.
+  // Keeps the byte length consistent with dtype and shape (up to realistic
+  // request sizes, 4M elements), so that validation looks further than the
+  // length check and a few-MiB tensor with a huge dim (a [2^20, 1] linear
+  // input) reaches the cost bounds and the backend.
   auto fit = [&](v1::Tensor* t) {
     int64_t n = 1;
     for (int64_t d : t->shape()) {
-      if (d < 1 || d > 64 || n > 4096) return;
+      if (d < 1 || d > (int64_t{1} << 22) || n * d > (int64_t{1} << 22)) return;
       n *= d;
     }
     const int size = t->dtype() == v1::I64 || t->dtype() == v1::F32 || t->dtype() == v1::I32
@@ -189,12 +192,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::FusedOpRequest p = OpRequestToProto(base);
   const int mutations = in.ConsumeIntegralInRange(0, 4);
   for (int i = 0; i < mutations; ++i) Mutate(in, p);
-  ValidationLimits limits;
-  limits.max_tensor_elements = int64_t{1} << 20;
-  absl::StatusOr<OpRequest> r = ValidateFusedOp(p, limits);
+  absl::StatusOr<OpRequest> r = ValidateFusedOp(p, fuzz::FuzzLimits());
   if (!r.ok()) {
     fuzz::Require(mutations > 0, "an unmutated MakeRandomRequest request validates");
-    fuzz::Require(r.status().code() == absl::StatusCode::kInvalidArgument, "validation fails only with INVALID_ARGUMENT");
+    fuzz::Require(fuzz::IsValidationCode(r.status().code()),
+                  "validation fails only with INVALID_ARGUMENT or RESOURCE_EXHAUSTED");
     return 0;
   }
   fuzz::CheckValidated(*r);

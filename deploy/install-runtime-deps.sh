@@ -4,7 +4,7 @@
 # nvidia/cuda:*-runtime-ubuntu24.04 (which already has the CUDA runtime and
 # cuBLAS/cuBLASLt). Debian 12 is listed too, so that
 # deploy/check-runtime-deps.sh can check the list against a real build on the
-# CI machines. Transitive dependencies (re2, c-ares, OpenSSL, zlib, civetweb)
+# CI machines. Transitive dependencies (re2, c-ares, zlib, civetweb)
 # come with these packages.
 #
 # usage: install-runtime-deps.sh [--print]   --print: list the packages, install nothing
@@ -18,6 +18,7 @@ case "${ID}:${VERSION_ID}" in
       libprotobuf32t64                     # Protobuf 3.21
       libabsl20220623t64                   # Abseil
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0  # prometheus-cpp 1.0 (+ civetweb)
+      libssl3t64                           # OpenSSL 3 libcrypto: TLS key/certificate checks
     ) ;;
   debian:12)
     packages=(
@@ -25,6 +26,7 @@ case "${ID}:${VERSION_ID}" in
       libprotobuf32
       libabsl20220623
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
+      libssl3
     ) ;;
   *)
     echo "install-runtime-deps: no package list for ${ID} ${VERSION_ID} (have ubuntu 24.04, debian 12)" >&2

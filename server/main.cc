@@ -54,6 +54,10 @@ extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC listen address HOST:PORT");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090", "Prometheus /metrics address HOST:PORT; empty disables");
+ABSL_FLAG(int, metrics_threads, 16,
+          "/metrics worker threads: connections served at once (an idle connection holds one until it times out)");
+ABSL_FLAG(int, metrics_request_timeout_ms, 5000,
+          "/metrics: time a connection gets to send its request and receive the answer before it is closed, ms");
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is present, else CPU), cuda or cpu");
 ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal");
 ABSL_FLAG(std::string, tuning_cache, "/var/cache/fusedserve/tuning_cache.json",
@@ -298,7 +302,12 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   Metrics& metrics = *new Metrics;
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty()) {
-    if (absl::Status s = metrics.Serve(metrics_listen); !s.ok()) {
+    MetricsServeOptions metrics_options;
+    metrics_options.listen = metrics_listen;
+    metrics_options.threads = absl::GetFlag(FLAGS_metrics_threads);
+    metrics_options.request_timeout_ms = absl::GetFlag(FLAGS_metrics_request_timeout_ms);
+    metrics_options.grpc_uses_tls = !absl::GetFlag(FLAGS_tls_cert).empty();
+    if (absl::Status s = metrics.Serve(metrics_options); !s.ok()) {
       LogError(std::string(s.message()));
       return 1;
     }

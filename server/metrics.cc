@@ -1,6 +1,9 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <vector>
+
+#include "server/log.h"
 
 namespace fusedserve {
 namespace {
@@ -15,6 +18,13 @@ Histogram::BucketBoundaries LatencyBuckets() {
 }
 
 Histogram::BucketBoundaries BatchBuckets() { return {1, 2, 4, 8, 16, 32, 64, 128, 256}; }
+
+// HOST of HOST:PORT names the loopback interface (127.0.0.0/8, ::1, localhost).
+bool IsLoopback(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
 
 }  // namespace
 
@@ -125,18 +135,40 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                    .Add({});
 }
 
-absl::Status Metrics::Serve(const std::string& listen) {
+absl::Status Metrics::Serve(const MetricsServeOptions& o) {
+  if (o.threads < 1) return absl::InvalidArgumentError("--metrics_threads must be at least 1");
+  if (o.request_timeout_ms < 1) return absl::InvalidArgumentError("--metrics_request_timeout_ms must be at least 1");
+  const std::vector<std::string> options = {
+      "listening_ports",
+      o.listen,
+      "num_threads",
+      std::to_string(o.threads),
+      "request_timeout_ms",
+      std::to_string(o.request_timeout_ms),
+      // One request per connection: a scraper idling between scrapes on a
+      // kept-alive connection would hold a worker thread.
+      "enable_keep_alive",
+      "no",
+  };
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    exposer_ = std::make_unique<prometheus::Exposer>(options);
   } catch (const std::exception& e) {
-    return absl::UnavailableError("cannot serve metrics on " + listen + ": " + e.what());
+    return absl::UnavailableError("cannot serve metrics on " + o.listen + ": " + e.what());
   }
   exposer_->RegisterCollectable(registry_);
+  // No HTTPS here: Debian's civetweb 1.15 loads OpenSSL by dlopen with the
+  // 1.1 symbol table, and under OpenSSL 3 its workers call a null
+  // SSL_get_peer_certificate on the first HTTPS connection (the process
+  // crashes). Binding to a private address is the protection.
+  if (o.grpc_uses_tls && !IsLoopback(o.listen)) {
+    LogWarning("gRPC uses TLS but /metrics is plain HTTP on " + o.listen +
+               ": whoever reaches that address can read it; bind --metrics_listen to 127.0.0.1 or a "
+               "pod-internal address and restrict it with a NetworkPolicy");
+  }
   return absl::OkStatus();
 }
 
-void Metrics::RecordRequest(const std::string& rpc, const std::string& op, const std::string& code,
-                            double seconds) {
+void Metrics::RecordRequest(const std::string& rpc, const std::string& op, const std::string& code, double seconds) {
   requests_->Add({{"rpc", rpc}, {"op", op}, {"code", code}}).Increment();
   request_duration_->Add({{"rpc", rpc}, {"op", op}}, LatencyBuckets()).Observe(seconds);
 }

@@ -16,12 +16,23 @@
 
 namespace fusedserve {
 
+// The /metrics HTTP server (civetweb under prometheus-cpp's Exposer). Every
+// connection holds one worker thread until its request is read and answered,
+// so idle or slow clients can occupy at most `threads` workers for at most
+// request_timeout_ms each; scrapes queue behind them, never fail outright.
+struct MetricsServeOptions {
+  std::string listen;             // HOST:PORT
+  int threads = 16;               // civetweb workers (prometheus-cpp's default of 2 let 2 idle sockets blind it)
+  int request_timeout_ms = 5000;  // per request, reading it and writing the answer (civetweb's default 30 s)
+  bool grpc_uses_tls = false;     // only for the warning about plain /metrics on a routable address
+};
+
 class Metrics {
  public:
   Metrics();
 
-  // Starts the /metrics HTTP endpoint on host:port.
-  absl::Status Serve(const std::string& listen);
+  // Starts the /metrics endpoint.
+  absl::Status Serve(const MetricsServeOptions& options);
 
   // One finished RPC: code is the gRPC status code name, e.g. "OK", "INVALID_ARGUMENT".
   void RecordRequest(const std::string& rpc, const std::string& op, const std::string& code, double seconds);

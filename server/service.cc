@@ -1,7 +1,9 @@
 #include "server/service.h"
 
 #include <chrono>
+#include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "server/model_rpc.h"
 
 namespace fusedserve {
@@ -13,29 +15,16 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 }
 
 std::string GrpcCodeName(grpc::StatusCode code) {
-  static const char* kNames[] = {"OK",
-                                 "CANCELLED",
-                                 "UNKNOWN",
-                                 "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED",
-                                 "NOT_FOUND",
-                                 "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED",
-                                 "RESOURCE_EXHAUSTED",
-                                 "FAILED_PRECONDITION",
-                                 "ABORTED",
-                                 "OUT_OF_RANGE",
-                                 "UNIMPLEMENTED",
-                                 "INTERNAL",
-                                 "UNAVAILABLE",
-                                 "DATA_LOSS",
-                                 "UNAUTHENTICATED"};
+  static const char* kNames[] = {
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
   const int c = static_cast<int>(code);
   return c >= 0 && c < 17 ? kNames[c] : "UNKNOWN";
 }
 
-FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics,
-                                     ServiceOptions options)
+FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options)
     : backend_(backend), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {}
 
 void FusedServeService::set_server_info(v1::GetServerInfoResponse info) {
@@ -73,23 +62,45 @@ void FusedServeService::Finish(grpc::ServerUnaryReactor* reactor, const std::str
   CallFinished();
 }
 
+namespace {
+
+// One FusedOp call's messages; they live until the call finishes (the
+// validated request may point into the parsed tensors).
+struct FusedOpCall {
+  v1::FusedOpRequest request;
+  v1::FusedOpResponse response;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext* ctx,
-                                                     const v1::FusedOpRequest* request,
-                                                     v1::FusedOpResponse* response) {
+                                                     const grpc::ByteBuffer* raw_request,
+                                                     grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
   CallStarted();
+  auto call = std::make_shared<FusedOpCall>();
+  // Deserialize consumes its buffer; the copy shares the slices (no byte copy).
+  grpc::ByteBuffer body(*raw_request);
+  if (!grpc::SerializationTraits<v1::FusedOpRequest>::Deserialize(&body, &call->request).ok()) {
+    Finish(reactor, "FusedOp", "unknown", start,
+           absl::InvalidArgumentError(absl::StrCat(
+               "FusedOp: the request body (", raw_request->Length(),
+               " bytes) is not a valid fusedserve.v1.FusedOpRequest; check that the client was generated from "
+               "this server's fusedserve/v1/fusedserve.proto and sends a FusedOpRequest to this method")));
+    return reactor;
+  }
+  const v1::FusedOpRequest* request = &call->request;
   // Label only known op names: arbitrary client strings must not create series.
   const std::string op = FindOpSpec(request->op()) != nullptr ? request->op() : "unknown";
   if (absl::Status s = CheckAccepting(); !s.ok()) {
     Finish(reactor, "FusedOp", op, start, s);
     return reactor;
   }
-  // The request message is this call's own and is not read again: its tensor
+  // The parsed request is this call's own and is not read again: its tensor
   // bytes move into the OpRequest instead of being copied (a queued request
   // holds its inputs once, not twice).
-  absl::StatusOr<OpRequest> validated =
-      TakeValidatedFusedOp(*const_cast<v1::FusedOpRequest*>(request), options_.limits);
+  absl::StatusOr<OpRequest> validated = TakeValidatedFusedOp(call->request, options_.limits);
   if (!validated.ok()) {
     Finish(reactor, "FusedOp", op, start, validated.status());
     return reactor;
@@ -106,12 +117,18 @@ grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext
     if (ctx->IsCancelled()) return absl::CancelledError("request cancelled by the client");
     return absl::OkStatus();
   };
-  task.done = [this, reactor, response, op, start](absl::StatusOr<TensorMap> result) {
+  task.done = [this, reactor, call, raw_response, op, start](absl::StatusOr<TensorMap> result) {
+    absl::Status status = result.status();
     if (result.ok()) {
+      v1::FusedOpResponse* response = &call->response;
       for (auto& [name, t] : *result) TensorToProto(std::move(t), &(*response->mutable_outputs())[name]);
       response->set_backend(backend_->name());
+      bool own_buffer = false;
+      const grpc::Status serialized =
+          grpc::SerializationTraits<v1::FusedOpResponse>::Serialize(*response, raw_response, &own_buffer);
+      if (!serialized.ok()) status = absl::InternalError("FusedOp: " + serialized.error_message());
     }
-    Finish(reactor, "FusedOp", op, start, result.status());
+    Finish(reactor, "FusedOp", op, start, status);
   };
   if (absl::Status s = scheduler_->Submit(std::move(task)); !s.ok()) Finish(reactor, "FusedOp", op, start, s);
   return reactor;
@@ -127,10 +144,9 @@ grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServ
     Finish(reactor, "TransformerBlock", "", start, s);
     return reactor;
   }
-  StartTransformerBlock(engine_.load(), ctx, request, response, options_.limits,
-                        [this, reactor, start](const absl::Status& s) {
-                          Finish(reactor, "TransformerBlock", "", start, s);
-                        });
+  StartTransformerBlock(
+      engine_.load(), ctx, request, response, options_.limits,
+      [this, reactor, start](const absl::Status& s) { Finish(reactor, "TransformerBlock", "", start, s); });
   return reactor;
 }
 

@@ -23,7 +23,10 @@ struct ServiceOptions {
   ValidationLimits limits;
 };
 
-class FusedServeService final : public v1::FusedServe::CallbackService {
+// FusedOp is registered raw (bytes in, bytes out) and parsed here: on a body
+// that does not parse, gRPC 1.51's typed callback handler answers
+// UNIMPLEMENTED with an empty message and never calls the service.
+class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_FusedOp<v1::FusedServe::CallbackService> {
  public:
   FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options);
 
@@ -46,8 +49,9 @@ class FusedServeService final : public v1::FusedServe::CallbackService {
   // when the server hosts no model) they answer UNIMPLEMENTED.
   void set_engine(Engine* engine) { engine_.store(engine); }
 
-  grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const v1::FusedOpRequest* request,
-                                    v1::FusedOpResponse* response) override;
+  // A body that is not a FusedOpRequest: INVALID_ARGUMENT saying so.
+  grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
+                                    grpc::ByteBuffer* raw_response) override;
   grpc::ServerUnaryReactor* TransformerBlock(grpc::CallbackServerContext* ctx,
                                              const v1::TransformerBlockRequest* request,
                                              v1::TransformerBlockResponse* response) override;

@@ -16,7 +16,11 @@ struct TlsOptions {
   std::string client_ca_path;  // PEM CA bundle; set = clients must present a certificate it signed
 };
 
-// INVALID_ARGUMENT for an incomplete combination, NOT_FOUND for unreadable files.
+// Every file is read as a regular file of at most 4 MiB (a FIFO or device
+// is refused, never read), and OpenSSL checks that the certificate and key
+// parse and that the key is the certificate's. INVALID_ARGUMENT for an
+// incomplete combination or bad TLS material, the file's own error (e.g.
+// NOT_FOUND) otherwise; every message names the flag and the path.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsOptions& options);
 
 }  // namespace fusedserve

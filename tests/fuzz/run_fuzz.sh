@@ -56,7 +56,7 @@ cflags="-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,addr
 
 # Library sources: request validation, the op vocabulary, the CPU reference
 # backend (run on every valid input) and the batcher's merge/split.
-sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc server/metrics.cc
+sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc server/metrics.cc server/log.cc
   kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/cpu/*.cc)
 objects=()
 pids=()

@@ -120,6 +120,15 @@ absl::Status Engine::Submit(GenerationRequest r, std::shared_ptr<GenerationSink>
   return absl::OkStatus();
 }
 
+namespace {
+
+// What a queued block call holds: its hidden states and positions.
+int64_t BlockBytes(const BlockTask& t) {
+  return static_cast<int64_t>(t.hidden.size() * sizeof(float) + t.positions.size() * sizeof(int64_t));
+}
+
+}  // namespace
+
 absl::Status Engine::SubmitBlock(BlockTask task) {
   const int64_t tokens = task.batch * task.seq_len;  // both <= the tensor element limit: no overflow
   if (tokens > options_.max_block_tokens) {
@@ -139,6 +148,14 @@ absl::Status Engine::SubmitBlock(BlockTask task) {
   if (static_cast<int64_t>(block_tasks_.size()) >= std::max(options_.max_waiting, 1)) {
     return absl::ResourceExhaustedError("TransformerBlock queue is full; retry later");
   }
+  const int64_t bytes = BlockBytes(task);
+  if (queued_block_bytes_ > 0 && queued_block_bytes_ + bytes > options_.max_queued_block_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("queued TransformerBlock calls hold ", queued_block_bytes_,
+                                                     " bytes; ", bytes, " more would pass the server's limit of ",
+                                                     options_.max_queued_block_bytes,
+                                                     " (--max_queued_bytes); retry later"));
+  }
+  queued_block_bytes_ += bytes;
   block_tasks_.push_back(std::move(task));
   return absl::OkStatus();
 }
@@ -207,6 +224,7 @@ void Engine::ExpireBlocks(absl::Time now) {
     absl::MutexLock lock(&mu_);
     for (auto it = block_tasks_.begin(); it != block_tasks_.end();) {
       if (absl::Status s = stop_reason(*it); !s.ok()) {
+        queued_block_bytes_ -= BlockBytes(*it);
         dropped.emplace_back(std::move(*it), s);
         it = block_tasks_.erase(it);
       } else {
@@ -222,6 +240,7 @@ int64_t Engine::RunBlockPiece(int64_t max_rows) {
     absl::MutexLock lock(&mu_);
     if (block_tasks_.empty()) return 0;
     block_ = std::make_unique<ActiveBlock>();
+    queued_block_bytes_ -= BlockBytes(block_tasks_.front());
     block_->task = std::move(block_tasks_.front());
     block_tasks_.pop_front();
     block_->tables.resize(block_->task.batch);
@@ -300,6 +319,7 @@ void Engine::Loop() {
     absl::MutexLock lock(&mu_);
     waiting.swap(waiting_);
     tasks.swap(block_tasks_);
+    queued_block_bytes_ = 0;
   }
   const absl::Status down = absl::UnavailableError("server is shutting down");
   for (auto& seq : running_) FinishSequence(*seq, down);

@@ -62,6 +62,9 @@ struct EngineOptions {
   // INVALID_ARGUMENT. Bounds the memory a call holds (its hidden states and,
   // chunked, its K/V) and how long it runs.
   int64_t max_block_tokens = 8192;
+  // Bytes (hidden states) that queued TransformerBlock calls may hold
+  // together; more get RESOURCE_EXHAUSTED. The server passes --max_queued_bytes.
+  int64_t max_queued_block_bytes = int64_t{1} << 30;
   // Longest sequence (prompt + generated); 0 = the model's
   // max_position_embeddings capped at 8192. Also capped by the cache size.
   int64_t max_seq_len = 0;
@@ -160,6 +163,7 @@ class Engine {
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Sequence>> waiting_ ABSL_GUARDED_BY(mu_);
   std::deque<BlockTask> block_tasks_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_block_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // BlockBytes of block_tasks_
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -78,7 +78,8 @@ ABSL_FLAG(double, max_op_flops, 0,
           "Most work one FusedOp may ask for, FLOPs (estimated from shapes before it runs); larger requests get "
           "RESOURCE_EXHAUSTED. 0 = 2e14 on CUDA (well under a second), 5e10 on the CPU reference");
 ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
-          "Input bytes that queued FusedOp requests may hold together before RESOURCE_EXHAUSTED");
+          "Input bytes that queued FusedOp requests (and, separately, queued TransformerBlock calls) may hold "
+          "together before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, inline_max_bytes, 0,
@@ -380,6 +381,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   engine_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
   engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   engine_options.max_block_tokens = absl::GetFlag(FLAGS_max_block_tokens);
+  engine_options.max_queued_block_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   engine_options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(runner), &metrics, engine_options);
   if (!engine.ok()) {

@@ -93,9 +93,8 @@ class CpuModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
-    if (k_cache_.empty()) return absl::FailedPreconditionError("KV cache not initialised");
-    const int64_t D = c_.hidden;
+  // Tokens of a forward batch, after checking each sequence against its block table.
+  absl::StatusOr<int64_t> BatchTokens(const std::vector<SeqForward>& batch) const {
     int64_t T = 0;
     for (const SeqForward& s : batch) {
       if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a forward batch");
@@ -104,6 +103,15 @@ class CpuModelRunner final : public ModelRunner {
       }
       T += s.num_tokens;
     }
+    return T;
+  }
+
+  absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
+    if (k_cache_.empty()) return absl::FailedPreconditionError("KV cache not initialised");
+    const int64_t D = c_.hidden;
+    absl::StatusOr<int64_t> tokens = BatchTokens(batch);
+    if (!tokens.ok()) return tokens.status();
+    const int64_t T = *tokens;
     std::vector<float> x(T * D);
     std::vector<int64_t> positions(T);
     int64_t row = 0;
@@ -141,14 +149,9 @@ class CpuModelRunner final : public ModelRunner {
                                 const int64_t* positions, float* hidden) override {
     if (k_cache_.empty()) return absl::FailedPreconditionError("KV cache not initialised");
     if (first < 0 || n < 0 || first + n > c_.layers) return absl::InvalidArgumentError("layer range out of bounds");
-    int64_t T = 0;
-    for (const SeqForward& s : batch) {
-      if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a block chunk");
-      if ((s.start + s.num_tokens + block_size_ - 1) / block_size_ > s.num_blocks) {
-        return absl::InternalError("block table too short for the block chunk");
-      }
-      T += s.num_tokens;
-    }
+    absl::StatusOr<int64_t> tokens = BatchTokens(batch);
+    if (!tokens.ok()) return tokens.status();
+    const int64_t T = *tokens;
     for (int64_t l = first; l < first + n; ++l) {
       RunLayer(l, T, positions, hidden,
                [&](const float* q, const float* k, const float* v, float* o) { PagedAttention(l, batch, q, k, v, o); });

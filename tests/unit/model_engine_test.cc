@@ -543,6 +543,33 @@ TEST(EngineTest, BlockCallLimitsAndCancellation) {
   EXPECT_EQ(out2->status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// Queued block calls are bounded in bytes too: ten calls of ~26 KB (100 x 64
+// floats + positions) submitted at once against a 30 KB bound: the first is
+// always queued, later ones are refused while it (or another) waits.
+TEST(EngineTest, QueuedBlockBytesAreBounded) {
+  EngineOptions o;
+  o.prefill_chunk_tokens = 1;  // many pieces: the first call stays busy while the rest are submitted
+  o.max_queued_block_bytes = 30000;
+  auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+  std::vector<std::shared_ptr<absl::Notification>> accepted;
+  int refused = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto out = std::make_shared<absl::StatusOr<std::vector<float>>>();
+    auto done = std::make_shared<absl::Notification>();
+    absl::Status s = engine->SubmitBlock(MakeBlock(1, 100, i, out, done));
+    if (s.ok()) {
+      accepted.push_back(done);
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_NE(s.message().find("--max_queued_bytes"), std::string::npos) << s;
+      ++refused;
+    }
+  }
+  EXPECT_GE(refused, 1);
+  EXPECT_GE(accepted.size(), 1u);
+  for (auto& done : accepted) done->WaitForNotification();
+}
+
 TEST(EngineTest, ShutdownFailsPendingRequests) {
   EngineOptions o;
   o.max_running = 1;

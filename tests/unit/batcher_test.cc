@@ -230,7 +230,7 @@ struct Result {
 };
 
 class BatcherTest : public ::testing::Test {
- protected:
+ public:  // also used by the helpers below
   std::unique_ptr<OpScheduler> Make(BatcherOptions o) {
     absl::StatusOr<std::unique_ptr<OpScheduler>> s = MakeBatcher(&backend_, &metrics_, o);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -330,6 +330,35 @@ TEST_F(BatcherTest, MaxRowsSplitsTheQueue) {
   backend_.Open();
   for (Result& x : results) x.done.WaitForNotification();
   EXPECT_EQ(backend_.launches(), (std::vector<int64_t>{2, 4, 4, 2}));
+}
+
+// A merged launch stays within the per-request cost bounds: with a bound
+// that two of these requests fit under but three do not, five queued
+// requests launch as 2 + 2 + 1 (rows 4, 4, 2) although max_rows allows all.
+void ExpectCostBoundCuts(BatcherTest& t, GatedBackend& backend, const BatcherOptions& o, const OpRequest& r) {
+  std::unique_ptr<OpScheduler> s = t.Make(o);
+  std::vector<Result> results(6);
+  ASSERT_TRUE(t.Submit(*s, r, &results[0]).ok());
+  backend.WaitLaunches(1);
+  for (int i = 1; i < 6; ++i) ASSERT_TRUE(t.Submit(*s, r, &results[i]).ok());
+  backend.Open();
+  for (Result& x : results) x.done.WaitForNotification();
+  EXPECT_EQ(backend.launches(), (std::vector<int64_t>{2, 4, 4, 2}));
+}
+
+TEST_F(BatcherTest, FlopsBoundCutsBatches) {
+  const OpRequest r = MakeRandomRequest("softmax", DType::kF32, {2, 8}, 1);
+  BatcherOptions o = SlowOptions();
+  o.max_launch_flops = 2.5 * EstimateCost(r).flops;
+  ExpectCostBoundCuts(*this, backend_, o, r);
+}
+
+TEST_F(BatcherTest, BytesBoundCutsBatches) {
+  const OpRequest r = MakeRandomRequest("softmax", DType::kF32, {2, 8}, 1);
+  const OpCost c = EstimateCost(r);
+  BatcherOptions o = SlowOptions();
+  o.max_launch_bytes = 2.5 * (c.output_bytes + c.scratch_bytes);
+  ExpectCostBoundCuts(*this, backend_, o, r);
 }
 
 TEST_F(BatcherTest, PreferredSizesCutBatches) {

@@ -458,11 +458,7 @@ void TuningCache::Load() {
   }
   if (rr == ReadResult::kUnreadable) {
     absl::MutexLock l(&mu_);
-    state_ = "unreadable";
-    writable_ = false;
-    CountRejected("unreadable");
-    notices_.push_back("warning: tuning cache " + path_ + " cannot be read (" + read_error +
-                       "); left untouched and not written; tuned configs stay in memory");
+    MarkUnreadable(read_error);
     return;
   }
   ParsedFile parsed = ParseCacheText(text, stamp);
@@ -510,6 +506,14 @@ void TuningCache::Load() {
       }
       break;
   }
+}
+
+void TuningCache::MarkUnreadable(const std::string& error) {
+  state_ = "unreadable";
+  writable_ = false;
+  CountRejected("unreadable");
+  notices_.push_back("warning: tuning cache " + path_ + " cannot be read (" + error +
+                     "); left untouched and not written; tuned configs stay in memory");
 }
 
 void TuningCache::CountRejected(const std::string& reason) {
@@ -612,11 +616,7 @@ bool TuningCache::Flush() {
     // Became unreadable since we loaded (or was replaced by a directory, a
     // FIFO...): not ours to destroy.
     absl::MutexLock l(&mu_);
-    state_ = "unreadable";
-    writable_ = false;
-    CountRejected("unreadable");
-    notices_.push_back("warning: tuning cache " + path_ + " cannot be read (" + error +
-                       "); left untouched and not written; tuned configs stay in memory");
+    MarkUnreadable(error);
     return false;
   }
   if (rr == ReadResult::kOk) parsed = ParseCacheText(text, stamp);

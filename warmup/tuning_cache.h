@@ -149,6 +149,8 @@ class TuningCache {
   TuningCache(std::string path, CacheStamp stamp) : path_(std::move(path)), stamp_(std::move(stamp)) {}
   void Load() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   void CountRejected(const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A file at the path that cannot be read: left alone, never written.
+  void MarkUnreadable(const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   absl::Mutex io_mu_;  // serialises file I/O of this object (held while mu_ is taken, never the reverse)

@@ -30,6 +30,9 @@ COPY CMakeLists.txt CMakePresets.json ./
 COPY proto/ proto/
 COPY kernels/ kernels/
 COPY warmup/ warmup/
+COPY telemetry/ telemetry/
+COPY model/ model/
+COPY engine/ engine/
 COPY server/ server/
 COPY deploy/build-release.sh deploy/check-runtime-deps.sh deploy/install-runtime-deps.sh deploy/
 RUN deploy/build-release.sh "${CUDA_ARCHITECTURES}" \

@@ -9,14 +9,13 @@
 #include <cstdlib>
 #include <vector>
 
-#define BENCH_CHECK(expr)                                                                    \
-  do {                                                                                       \
-    cudaError_t err_ = (expr);                                                               \
-    if (err_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__,           \
-                   cudaGetErrorString(err_));                                                \
-      std::exit(1);                                                                          \
-    }                                                                                        \
+#define BENCH_CHECK(expr)                                                                                    \
+  do {                                                                                                       \
+    cudaError_t err_ = (expr);                                                                               \
+    if (err_ != cudaSuccess) {                                                                               \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                                          \
+    }                                                                                                        \
   } while (0)
 
 namespace fusedserve::bench {

@@ -20,25 +20,24 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "kernels/cuda/dispatch.h"
 #include "bench/bench_common.h"
+#include "kernels/cuda/dispatch.h"
 #include "kernels/op.h"
 
 namespace fusedserve {
 namespace {
 
-#define LT_CHECK(expr)                                                                         \
-  do {                                                                                         \
-    cublasStatus_t s_ = (expr);                                                                \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+#define LT_CHECK(expr)                                                                                      \
+  do {                                                                                                      \
+    cublasStatus_t s_ = (expr);                                                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                      \
       std::fprintf(stderr, "%s failed at %s:%d: %s\n", #expr, __FILE__, __LINE__, cublasGetStatusName(s_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
+      std::exit(1);                                                                                         \
+    }                                                                                                       \
   } while (0)
 
 constexpr size_t kRotateBytes = 256ull << 20;
@@ -76,8 +75,8 @@ void* Alloc(size_t bytes, bool fill = true) {
     for (size_t off = 0; off < bytes; off += chunk) {
       const size_t n = std::min(chunk, bytes - off);
       const size_t src = (off / chunk * 4096) % chunk;
-      BENCH_CHECK(cudaMemcpy(static_cast<char*>(p) + off, static_cast<char*>(g_random) + src, n,
-                             cudaMemcpyDeviceToDevice));
+      BENCH_CHECK(
+          cudaMemcpy(static_cast<char*>(p) + off, static_cast<char*>(g_random) + src, n, cudaMemcpyDeviceToDevice));
     }
   }
   return p;
@@ -224,18 +223,19 @@ struct Row {
   std::string section, op, shape, impl;
   double us, rate;
   std::string unit;
-  double pct;       // % of the matching ceiling
-  std::string vs;   // comparison text
+  double pct;      // % of the matching ceiling
+  std::string vs;  // comparison text
 };
 std::vector<Row> g_table;
 void Add(const Row& r, nlohmann::json extra = nlohmann::json::object()) {
   g_table.push_back(r);
-  nlohmann::json j = {{"section", r.section}, {"op", r.op}, {"shape", r.shape}, {"impl", r.impl}, {"us", r.us},
-                      {"rate", r.rate}, {"unit", r.unit}, {"pct_of_ceiling", r.pct}, {"vs", r.vs}};
+  nlohmann::json j = {
+      {"section", r.section}, {"op", r.op},     {"shape", r.shape},        {"impl", r.impl}, {"us", r.us},
+      {"rate", r.rate},       {"unit", r.unit}, {"pct_of_ceiling", r.pct}, {"vs", r.vs}};
   for (auto& [k, v] : extra.items()) j[k] = v;
   g_rows.push_back(j);
-  std::printf("  %-12s %-34s %-30s %10.2f us %9.1f %-7s %5.1f%%  %s\n", r.op.c_str(), r.shape.c_str(),
-              r.impl.c_str(), r.us, r.rate, r.unit.c_str(), r.pct, r.vs.c_str());
+  std::printf("  %-12s %-34s %-30s %10.2f us %9.1f %-7s %5.1f%%  %s\n", r.op.c_str(), r.shape.c_str(), r.impl.c_str(),
+              r.us, r.rate, r.unit.c_str(), r.pct, r.vs.c_str());
   std::fflush(stdout);
 }
 std::string Fmt(const char* f, double a) {
@@ -340,14 +340,13 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
   };
   // The ceiling for this op: its two plain GEMMs alone, back to back.
   const std::vector<std::string> cands = ComputeCandidates("swiglu_mlp", DType::kBF16, {M, D, I});
-  std::vector<std::function<void(int)>> fns = {[&](int i) {
-                                                 const int c = i % copies;
-                                                 lt.Gemm(M, 2 * I, D, xs[c], gus[c], nullptr, inter,
-                                                         CUBLASLT_EPILOGUE_DEFAULT);
-                                                 lt.Gemm(M, D, I, h, downs[c], nullptr, ys[c],
-                                                         CUBLASLT_EPILOGUE_DEFAULT);
-                                               },
-                                               op("")};
+  std::vector<std::function<void(int)>> fns = {
+      [&](int i) {
+        const int c = i % copies;
+        lt.Gemm(M, 2 * I, D, xs[c], gus[c], nullptr, inter, CUBLASLT_EPILOGUE_DEFAULT);
+        lt.Gemm(M, D, I, h, downs[c], nullptr, ys[c], CUBLASLT_EPILOGUE_DEFAULT);
+      },
+      op("")};
   for (const std::string& cfg : cands) fns.push_back(op(cfg));
   const std::vector<double> t = TimeUs(fns);
   const double gemms = t[0], ours = t[1];
@@ -360,9 +359,7 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
   const bool bw = M < 256;
   const std::string shape = "M=" + std::to_string(M) + " D=4096 I=14336";
   // Bandwidth counts the weights (the metric for M=1) plus x and y.
-  auto rate = [&](double us) {
-    return bw ? static_cast<double>(set) / (us * 1e-6) / 1e9 : flops / (us * 1e-6) / 1e12;
-  };
+  auto rate = [&](double us) { return bw ? static_cast<double>(set) / (us * 1e-6) / 1e9 : flops / (us * 1e-6) / 1e12; };
   auto pct = [&](double us) { return 100.0 * rate(us) / (bw ? g_copy_gbs : g_gemm_tflops); };
   const std::string unit = bw ? "GB/s" : "TFLOP/s";
   Add({"4", "swiglu_mlp", shape, "plain cuBLASLt 2 GEMMs alone", gemms, rate(gemms), unit, pct(gemms),
@@ -393,14 +390,18 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
   BENCH_CHECK(cudaMemcpy(dlens, lens32.data(), B * 4, cudaMemcpyHostToDevice));
   OpRequest host;
   host.op = "attention";
-  host.inputs = {{"q", Shape({T, Hq, D})}, {"k", Shape({T, Hkv, D})}, {"v", Shape({T, Hkv, D})},
+  host.inputs = {{"q", Shape({T, Hq, D})},
+                 {"k", Shape({T, Hkv, D})},
+                 {"v", Shape({T, Hkv, D})},
                  {"seq_lens", HostTensor::FromInt64(DType::kI64, {B}, lens)}};
   host.attrs = {{"causal", true}, {"scale", 1.0 / std::sqrt(128.0)}};
   auto op = [&](const std::string& cfg) {
     return [&, cfg](int i) {
       const int c = i % copies;
       RunOp(host,
-            {{"q", Dev({T, Hq, D}, qs[c])}, {"k", Dev({T, Hkv, D}, ks[c])}, {"v", Dev({T, Hkv, D}, vs[c])},
+            {{"q", Dev({T, Hq, D}, qs[c])},
+             {"k", Dev({T, Hkv, D}, ks[c])},
+             {"v", Dev({T, Hkv, D}, vs[c])},
              {"seq_lens", Dev({B}, dlens, DType::kI32)}},
             {{"o", Dev({T, Hq, D}, os[c])}}, cfg);
     };
@@ -443,15 +444,19 @@ void Decode(int64_t B, int64_t L, double cudnn_us) {
   BENCH_CHECK(cudaMemcpy(dlens, lens32.data(), B * 4, cudaMemcpyHostToDevice));
   OpRequest host;
   host.op = "attention_decode";
-  host.inputs = {{"q", Shape({B, Hq, D})}, {"k_cache", Shape({B, L, Hkv, D})}, {"v_cache", Shape({B, L, Hkv, D})},
+  host.inputs = {{"q", Shape({B, Hq, D})},
+                 {"k_cache", Shape({B, L, Hkv, D})},
+                 {"v_cache", Shape({B, L, Hkv, D})},
                  {"lengths", HostTensor::FromInt64(DType::kI64, {B}, lens)}};
   host.attrs = {{"scale", 1.0 / std::sqrt(128.0)}};
   auto op = [&](const std::string& cfg) {
     return [&, cfg](int i) {
       const int c = i % copies;
       RunOp(host,
-            {{"q", Dev({B, Hq, D}, qs[c])}, {"k_cache", Dev({B, L, Hkv, D}, ks[c])},
-             {"v_cache", Dev({B, L, Hkv, D}, vs[c])}, {"lengths", Dev({B}, dlens, DType::kI32)}},
+            {{"q", Dev({B, Hq, D}, qs[c])},
+             {"k_cache", Dev({B, L, Hkv, D}, ks[c])},
+             {"v_cache", Dev({B, L, Hkv, D}, vs[c])},
+             {"lengths", Dev({B}, dlens, DType::kI32)}},
             {{"o", Dev({B, Hq, D}, os[c])}}, cfg);
     };
   };
@@ -530,16 +535,19 @@ int main(int argc, char** argv) {
     Decode(64, 4096, 357);
     Decode(64, 16384, 1388);
   }
-  nlohmann::json doc = {{"device", prop.name}, {"sm_count", g_sm_count}, {"copy_gbs", g_copy_gbs},
-                        {"gemm_tflops", g_gemm_tflops}, {"rows", g_rows}};
+  nlohmann::json doc = {{"device", prop.name},
+                        {"sm_count", g_sm_count},
+                        {"copy_gbs", g_copy_gbs},
+                        {"gemm_tflops", g_gemm_tflops},
+                        {"rows", g_rows}};
   if (argc > 1) {
     std::ofstream(argv[1]) << doc.dump(2) << "\n";
   }
   // The table again, as markdown, last (the tail of the output is what survives).
   std::printf("\n| op | shape | impl | us | rate | %% of ceiling | vs |\n|---|---|---|---|---|---|---|\n");
   for (const Row& r : g_table) {
-    std::printf("| %s | %s | %s | %.2f | %.1f %s | %.1f | %s |\n", r.op.c_str(), r.shape.c_str(), r.impl.c_str(),
-                r.us, r.rate, r.unit.c_str(), r.pct, r.vs.c_str());
+    std::printf("| %s | %s | %s | %.2f | %.1f %s | %.1f | %s |\n", r.op.c_str(), r.shape.c_str(), r.impl.c_str(), r.us,
+                r.rate, r.unit.c_str(), r.pct, r.vs.c_str());
   }
   return 0;
 }

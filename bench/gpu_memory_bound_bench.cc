@@ -13,31 +13,30 @@
 // enough copies to span 5x the L2, M = 1 included (so every call reads cold
 // data; the peers' M <= 32 rows were L2-resident); a CUDA graph of K
 // back-to-back calls (K >= the number of copies) is replayed, each replay
-// timed with events, per-call time = replay / K, median of the replays. Bytes: each input read once and each output written
-// once (weights and biases included, positions 4 bytes per token):
+// timed with events, per-call time = replay / K, median of the replays. Bytes: each input read once and each output
+// written once (weights and biases included, positions 4 bytes per token):
 //   rms_norm 2MH+H, add_rms_norm 4MH+H, add_rms_norm_silu 3MH+H,
 //   layer_norm 2MH+2H, softmax 2MN, silu_and_mul 3MI, gelu 2MH,
 //   rope 2T(Hq+Hkv)D  (elements; times 2 bytes for bf16).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "bench/bench_common.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/dispatch.h"
-#include "bench/bench_common.h"
 #include "kernels/op.h"
 
 namespace fusedserve {
@@ -165,7 +164,6 @@ class RandomSource {
   void* uniform_ = nullptr;
   void* weights_ = nullptr;
 };
-
 
 struct ConfigResult {
   std::string config;
@@ -352,10 +350,12 @@ int main(int argc, char** argv) {
     if (c.op == "softmax" && c.key[1] == 128256 && m >= 4096) met = met && pct >= 90.0;
     target = best.us > 0 ? (met ? "met" : "MISSED") : "ERROR";
 
-    nlohmann::json row = {{"label", label},          {"op", c.op},       {"key", c.key},
-                          {"bytes", bytes},          {"rotation_sets", sets},
-                          {"best_config", best.config}, {"us", best.us}, {"gb_per_s", gbs},
-                          {"pct_of_copy", pct},      {"peer_us", peer_us}, {"target", target}};
+    nlohmann::json row = {{"label", label},        {"op", c.op},
+                          {"key", c.key},          {"bytes", bytes},
+                          {"rotation_sets", sets}, {"best_config", best.config},
+                          {"us", best.us},         {"gb_per_s", gbs},
+                          {"pct_of_copy", pct},    {"peer_us", peer_us},
+                          {"target", target}};
     nlohmann::json all = nlohmann::json::array();
     for (const ConfigResult& res : results) {
       nlohmann::json j = {{"config", res.config}, {"us", res.us}};
@@ -376,8 +376,8 @@ int main(int argc, char** argv) {
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", l.label.c_str(), l.cfg.c_str(), l.us.c_str(),
                 l.gbs.c_str(), l.pct.c_str(), l.peer.c_str(), l.ratio.c_str(), l.target.c_str());
   }
-  std::printf("copy ceiling %.0f GB/s on %s; programmatic dependent launch %s; peers: PEERS.md %s table\n",
-              copy_gbs, prop.name, pdl ? "on" : "off (FUSEDSERVE_PDL=0)", h200 ? "H200" : "H100");
+  std::printf("copy ceiling %.0f GB/s on %s; programmatic dependent launch %s; peers: PEERS.md %s table\n", copy_gbs,
+              prop.name, pdl ? "on" : "off (FUSEDSERVE_PDL=0)", h200 ? "H200" : "H100");
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", prop.name},
                           {"sm_count", prop.multiProcessorCount},

@@ -27,10 +27,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_common.h"
+#include "engine/engine.h"
 #include "kernels/cuda/gemm.h"
-#include "server/engine.h"
-#include "server/model_cuda_runner.h"
-#include "server/model_weights.h"
+#include "model/cuda_runner.h"
+#include "model/weights.h"
 
 namespace fusedserve {
 namespace {
@@ -197,7 +197,8 @@ void Layer8bTable(double bw) {
   c.layers = 1;
   const double layer_w = (static_cast<double>(c.NumParameters()) - 2.0 * c.vocab * c.hidden - c.hidden) * 2;
   const double kv = 2048.0 * c.kv_dim() * 2 * 2;
-  const double pf_flops = 2.0 * 4096 * layer_w / 2 + 4.0 * 2 * 2048.0 * 2048 / 2 * c.q_dim();  // GEMMs + causal attention
+  const double pf_flops =
+      2.0 * 4096 * layer_w / 2 + 4.0 * 2 * 2048.0 * 2048 / 2 * c.q_dim();  // GEMMs + causal attention
   const double pf_ms = prefill[1] - prefill[0], dc_ms = decode[1] - decode[0];
   std::printf("\n3. one llama-3-8b layer (Forward of 2 layers - 1 layer)\n");
   std::printf("prefill B=2 S=2048: %.3f ms (%.0f TFLOP/s)\n", pf_ms, pf_flops / (pf_ms * 1e-3) / 1e12);

@@ -66,7 +66,8 @@ ABSL_FLAG(std::string, shape, "1,4096",
 ABSL_FLAG(int, distinct_inputs, 8, "FusedOp: distinct random requests cycled through (weights shared)");
 ABSL_FLAG(int, concurrency, 1, "Closed loop: concurrent streams (ignored when --rate > 0)");
 ABSL_FLAG(double, rate, 0, "Open loop: requests per second (0: closed loop)");
-ABSL_FLAG(int, max_outstanding, 100000, "Open loop: sends skipped (counted as CLIENT_BACKLOG) beyond this many in flight");
+ABSL_FLAG(int, max_outstanding, 100000,
+          "Open loop: sends skipped (counted as CLIENT_BACKLOG) beyond this many in flight");
 ABSL_FLAG(double, duration_s, 10, "Measured time, seconds (after the warm-up)");
 ABSL_FLAG(int64_t, requests, 0, "Measured requests instead of a duration (0: use --duration_s)");
 ABSL_FLAG(double, warmup_s, 1, "Unmeasured time before measuring, seconds");
@@ -93,10 +94,14 @@ double Micros(Clock::duration d) { return std::chrono::duration<double, std::mic
 // ---- request construction and checking -------------------------------------
 
 bool ParseDType(const std::string& s, DType* out) {
-  if (s == "f32") *out = DType::kF32;
-  else if (s == "f16") *out = DType::kF16;
-  else if (s == "bf16") *out = DType::kBF16;
-  else return false;
+  if (s == "f32")
+    *out = DType::kF32;
+  else if (s == "f16")
+    *out = DType::kF16;
+  else if (s == "bf16")
+    *out = DType::kBF16;
+  else
+    return false;
   return true;
 }
 
@@ -188,7 +193,8 @@ class Loadgen {
       // Distinct arguments and a local pool: one TCP connection per channel.
       args.SetInt("fusedserve.loadgen_channel", i);
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      stubs_.push_back(v1::FusedServe::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args)));
+      stubs_.push_back(
+          v1::FusedServe::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args)));
     }
     deadline_ = std::chrono::microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_deadline_ms) * 1000));
     generate_ = absl::GetFlag(FLAGS_rpc) == "generate";
@@ -218,9 +224,10 @@ class Loadgen {
       if (!absl::SimpleAtoi(s, &v) || v < 1) return "bad --shape entry '" + std::string(s) + "'";
       key.push_back(v);
     }
-    const size_t want_dims = op == "attention_decode" ? 5
-                             : (op == "rope" || op == "attention") ? 4
-                             : (op == "linear" || op == "swiglu_mlp") ? 3 : 2;
+    const size_t want_dims = op == "attention_decode"                 ? 5
+                             : (op == "rope" || op == "attention")    ? 4
+                             : (op == "linear" || op == "swiglu_mlp") ? 3
+                                                                      : 2;
     if (key.size() != want_dims) return absl::StrCat("--shape for ", op, " needs ", want_dims, " numbers");
     const int n = std::max(1, absl::GetFlag(FLAGS_distinct_inputs));
     std::vector<OpRequest> reqs;
@@ -289,14 +296,15 @@ class Loadgen {
         cv_.wait(lock, [&] { return active_ == 0; });
       }
     }
-    const std::pair<double, double> batch1 = scraped ? BatchSizeStats(absl::GetFlag(FLAGS_metrics), op)
-                                                     : std::pair<double, double>{0, 0};
+    const std::pair<double, double> batch1 =
+        scraped ? BatchSizeStats(absl::GetFlag(FLAGS_metrics), op) : std::pair<double, double>{0, 0};
     Summarize(report, batch0, batch1, scraped);
   }
 
  private:
   std::string WaitReady() {
-    const auto until = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_ready_s) * 1e6));
+    const auto until =
+        Clock::now() + std::chrono::microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_ready_s) * 1e6));
     for (;;) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -309,7 +317,8 @@ class Loadgen {
   }
 
   std::string WaitReadyGenerate() {
-    const auto until = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_ready_s) * 1e6));
+    const auto until =
+        Clock::now() + std::chrono::microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_wait_ready_s) * 1e6));
     for (;;) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -385,8 +394,7 @@ class Loadgen {
         }
         st = reader->Finish();
       } else {
-        const v1::FusedOpRequest& req =
-            protos_[next_input_.fetch_add(1, std::memory_order_relaxed) % protos_.size()];
+        const v1::FusedOpRequest& req = protos_[next_input_.fetch_add(1, std::memory_order_relaxed) % protos_.size()];
         v1::FusedOpResponse resp;
         st = stub->FusedOp(ctx.get(), req, &resp);
       }
@@ -476,11 +484,12 @@ class Loadgen {
         ++outstanding_;
       }
       // Latency counts from `when`, the scheduled send time.
-      Send(StubFor(static_cast<size_t>(i)), when, [this](const grpc::Status& st, Clock::time_point start, const Sample& s) {
-        std::lock_guard<std::mutex> lock(mu_);
-        Record(&tallies_[0], st, start, s);
-        if (--outstanding_ == 0) cv_.notify_all();
-      });
+      Send(StubFor(static_cast<size_t>(i)), when,
+           [this](const grpc::Status& st, Clock::time_point start, const Sample& s) {
+             std::lock_guard<std::mutex> lock(mu_);
+             Record(&tallies_[0], st, start, s);
+             if (--outstanding_ == 0) cv_.notify_all();
+           });
     }
     scraper.join();
     std::unique_lock<std::mutex> lock(mu_);
@@ -525,8 +534,11 @@ class Loadgen {
     if (!first_error.empty()) r["first_error"] = first_error;
     r["measured_seconds"] = seconds;
     r["throughput_rps"] = lat.size() / seconds;
-    r["latency_us"] = {{"p50", pct(lat, 50)}, {"p90", pct(lat, 90)}, {"p99", pct(lat, 99)},
-                       {"max", lat.empty() ? 0.0 : lat.back()}, {"mean", mean}};
+    r["latency_us"] = {{"p50", pct(lat, 50)},
+                       {"p90", pct(lat, 90)},
+                       {"p99", pct(lat, 99)},
+                       {"max", lat.empty() ? 0.0 : lat.back()},
+                       {"mean", mean}};
     if (generate_) {
       r["ttft_us"] = {{"p50", pct(ttft, 50)}, {"p90", pct(ttft, 90)}, {"p99", pct(ttft, 99)}};
       r["tokens_per_second"] = tokens / seconds;
@@ -555,10 +567,11 @@ class Loadgen {
 void PrintTable(const nlohmann::json& r) {
   std::printf("%s\n", r["description"].get<std::string>().c_str());
   if (r.contains("device_name")) {
-    std::printf("server: %s (%s)\n", r["device_name"].get<std::string>().c_str(), r["device"].get<std::string>().c_str());
+    std::printf("server: %s (%s)\n", r["device_name"].get<std::string>().c_str(),
+                r["device"].get<std::string>().c_str());
   }
-  std::printf("%10s %8s %12s %10s %10s %10s %10s %10s", "ok", "errors", "req/s", "p50_us", "p90_us", "p99_us",
-              "max_us", "mean_us");
+  std::printf("%10s %8s %12s %10s %10s %10s %10s %10s", "ok", "errors", "req/s", "p50_us", "p90_us", "p99_us", "max_us",
+              "mean_us");
   const bool batch = r.contains("server_mean_batch_size");
   if (batch) std::printf(" %10s", "batch");
   std::printf("\n");
@@ -570,8 +583,8 @@ void PrintTable(const nlohmann::json& r) {
   std::printf("\n");
   if (r.contains("ttft_us")) {
     std::printf("time to first token p50/p90/p99 us: %.1f / %.1f / %.1f; %.0f tokens/s\n",
-                r["ttft_us"]["p50"].get<double>(), r["ttft_us"]["p90"].get<double>(),
-                r["ttft_us"]["p99"].get<double>(), r["tokens_per_second"].get<double>());
+                r["ttft_us"]["p50"].get<double>(), r["ttft_us"]["p90"].get<double>(), r["ttft_us"]["p99"].get<double>(),
+                r["tokens_per_second"].get<double>());
   }
   for (const auto& [code, n] : r["errors_by_code"].items()) {
     std::printf("  errors %-20s %lld\n", code.c_str(), n.get<long long>());
@@ -591,9 +604,8 @@ int Main() {
   const std::string api = rate > 0 ? "callback" : absl::GetFlag(FLAGS_client_api);
   const std::string mode = rate > 0 ? absl::StrCat("open loop ", rate, " req/s")
                                     : absl::StrCat("closed loop c=", absl::GetFlag(FLAGS_concurrency));
-  const std::string span = absl::GetFlag(FLAGS_requests) > 0
-                               ? absl::StrCat(absl::GetFlag(FLAGS_requests), " requests")
-                               : absl::StrCat(absl::GetFlag(FLAGS_duration_s), " s");
+  const std::string span = absl::GetFlag(FLAGS_requests) > 0 ? absl::StrCat(absl::GetFlag(FLAGS_requests), " requests")
+                                                             : absl::StrCat(absl::GetFlag(FLAGS_duration_s), " s");
   report["description"] = absl::StrCat(what, ", ", mode, " (", api, " client API), ", span, " after ",
                                        absl::GetFlag(FLAGS_warmup_s), " s warm-up -> ", absl::GetFlag(FLAGS_target));
   report["client_api"] = api;

@@ -285,9 +285,8 @@ Stats TcpEcho(size_t payload, bool server_poll, bool client_poll) {
   NoDelay(fd);
   std::vector<char> out(payload, 'x'), in(payload);
   bool ok = true;
-  std::vector<double> lat = Time([&] {
-    ok = ok && SendAll(fd, out.data(), payload) && RecvAll(fd, in.data(), payload, client_poll);
-  });
+  std::vector<double> lat =
+      Time([&] { ok = ok && SendAll(fd, out.data(), payload) && RecvAll(fd, in.data(), payload, client_poll); });
   close(fd);
   server.join();
   close(lfd);

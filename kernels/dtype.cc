@@ -6,11 +6,16 @@ namespace fusedserve {
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }
@@ -20,8 +25,8 @@ uint16_t FloatToHalf(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u); // rounds to Inf
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to Inf
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero): value = abs * 2^24 in half-ulp units.
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // < half the smallest subnormal
@@ -54,7 +59,10 @@ float HalfToFloat(uint16_t h) {
     } else {
       // Subnormal: normalise.
       int e = -1;
-      do { mant <<= 1; ++e; } while ((mant & 0x400u) == 0);
+      do {
+        mant <<= 1;
+        ++e;
+      } while ((mant & 0x400u) == 0);
       bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
     }
   } else {

@@ -19,8 +19,12 @@ const std::vector<OpSpec>& AllOpSpecs() {
       {"silu_and_mul", {"x"}, {}, {}, {}, {"y"}},
       {"gelu", {"x"}, {}, {}, {{"approximate", std::string("none"), {"none", "tanh"}}}, {"y"}},
       {"rope", {"q", "k", "positions"}, {}, {"positions"}, {{"theta", 500000.0, {}}}, {"q_out", "k_out"}},
-      {"linear", {"x", "weight"}, {"bias"}, {},
-       {{"activation", std::string("none"), {"none", "gelu", "gelu_tanh", "silu"}}}, {"y"}},
+      {"linear",
+       {"x", "weight"},
+       {"bias"},
+       {},
+       {{"activation", std::string("none"), {"none", "gelu", "gelu_tanh", "silu"}}},
+       {"y"}},
       {"swiglu_mlp", {"x", "gate_up", "down"}, {}, {}, {}, {"y"}},
       // scale 0 means 1/sqrt(D), resolved by validation.
       {"attention", {"q", "k", "v", "seq_lens"}, {}, {"seq_lens"}, {{"causal", true, {}}, {"scale", 0.0, {}}}, {"o"}},
@@ -42,7 +46,6 @@ Activation ParseActivation(const std::string& s) {
   if (s == "silu") return Activation::kSilu;
   return Activation::kNone;
 }
-
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> OutputShapes(const OpRequest& r) {
   const std::string& op = r.op;
@@ -108,7 +111,6 @@ DType RequestDType(const OpRequest& r) {
   }
   return DType::kF32;
 }
-
 
 std::vector<int64_t> TuningKey(const OpRequest& r) {
   const std::string& op = r.op;

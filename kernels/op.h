@@ -35,7 +35,7 @@ struct OpRequest {
 
 struct AttrSpec {
   std::string name;
-  AttrValue default_value;  // also fixes the attribute's kind
+  AttrValue default_value;           // also fixes the attribute's kind
   std::vector<std::string> choices;  // allowed values for string attributes
 };
 
@@ -69,7 +69,7 @@ std::vector<int64_t> TuningKey(const OpRequest& request);
 // cannot ask for a huge output, intermediate or amount of work. Doubles, so
 // no product of client-chosen dims can overflow.
 struct OpCost {
-  double output_bytes = 0;   // the response's tensors, in the request's dtype
+  double output_bytes = 0;  // the response's tensors, in the request's dtype
   // Working memory of the most demanding backend: fp32 copies of inputs and
   // outputs (CPU reference) or device buffers (CUDA), plus intermediates
   // such as swiglu_mlp's [M, 2I] activations.
@@ -87,8 +87,7 @@ OpRequest MakeRandomRequest(const std::string& op, DType dtype, const std::vecto
 // Returns the tuned config string for (op, dtype, TuningKey), or "" to use
 // the op's default config. Supplied by the warm-up layer (tuning cache) to
 // the CUDA backend; the CPU backend has nothing to tune.
-using ConfigLookup =
-    std::function<std::string(const std::string& op, DType dtype, const std::vector<int64_t>& key)>;
+using ConfigLookup = std::function<std::string(const std::string& op, DType dtype, const std::vector<int64_t>& key)>;
 
 // Activation epilogue of linear.
 enum class Activation { kNone, kGeluErf, kGeluTanh, kSilu };

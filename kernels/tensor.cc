@@ -65,11 +65,29 @@ HostTensor HostTensor::FromFloat(DType dtype, std::vector<int64_t> shape, const 
   char* p = t.data.data();
   for (size_t i = 0; i < n; ++i) {
     switch (dtype) {
-      case DType::kF32: std::memcpy(p + 4 * i, &values[i], 4); break;
-      case DType::kF16: { uint16_t h = FloatToHalf(values[i]); std::memcpy(p + 2 * i, &h, 2); break; }
-      case DType::kBF16: { uint16_t h = FloatToBf16(values[i]); std::memcpy(p + 2 * i, &h, 2); break; }
-      case DType::kI32: { int32_t v = static_cast<int32_t>(values[i]); std::memcpy(p + 4 * i, &v, 4); break; }
-      case DType::kI64: { int64_t v = static_cast<int64_t>(values[i]); std::memcpy(p + 8 * i, &v, 8); break; }
+      case DType::kF32:
+        std::memcpy(p + 4 * i, &values[i], 4);
+        break;
+      case DType::kF16: {
+        uint16_t h = FloatToHalf(values[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+        break;
+      }
+      case DType::kBF16: {
+        uint16_t h = FloatToBf16(values[i]);
+        std::memcpy(p + 2 * i, &h, 2);
+        break;
+      }
+      case DType::kI32: {
+        int32_t v = static_cast<int32_t>(values[i]);
+        std::memcpy(p + 4 * i, &v, 4);
+        break;
+      }
+      case DType::kI64: {
+        int64_t v = static_cast<int64_t>(values[i]);
+        std::memcpy(p + 8 * i, &v, 8);
+        break;
+      }
     }
   }
   return t;

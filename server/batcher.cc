@@ -196,8 +196,7 @@ absl::StatusOr<std::vector<TensorMap>> SplitOutputs(const std::vector<OutputLayo
       const size_t bytes = static_cast<size_t>(parts[i].rows) * row_bytes;
       if (static_cast<size_t>(piece.numel()) * DTypeSize(piece.dtype) != bytes) {
         return absl::InternalError(absl::StrCat("batcher: output '", name, "' of part ", i, " has ", bytes,
-                                                " bytes, its shape needs ",
-                                                piece.numel() * DTypeSize(piece.dtype)));
+                                                " bytes, its shape needs ", piece.numel() * DTypeSize(piece.dtype)));
       }
       if (parts.size() == 1) {
         piece.data = std::move(t.data);
@@ -326,13 +325,13 @@ class Batcher : public OpScheduler {
       return absl::OkStatus();
     }
     if (queued_ >= options_.max_queue) {
-      return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", options_.max_queue,
-                                                       " queued); retry later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("request queue is full (", options_.max_queue, " queued); retry later"));
     }
     int& op_queued = op_queued_[op];
     if (policy.max_queue > 0 && op_queued >= policy.max_queue) {
-      return absl::ResourceExhaustedError(absl::StrCat("request queue for ", op, " is full (", policy.max_queue,
-                                                       " queued); retry later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("request queue for ", op, " is full (", policy.max_queue, " queued); retry later"));
     }
     if (absl::Status s = CheckQueuedBytes(queued_bytes_, bytes, options_.max_queued_bytes); !s.ok()) return s;
     const std::string key = shape ? shape->key : absl::StrCat("\x01solo", next_solo_++);
@@ -364,7 +363,8 @@ class Batcher : public OpScheduler {
     workers_.clear();
     // Inline launches still on gRPC threads.
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](Batcher* b) { return b->running_ == 0; }, this));
+    mu_.Await(absl::Condition(
+        +[](Batcher* b) { return b->running_ == 0; }, this));
   }
 
  private:
@@ -391,8 +391,7 @@ class Batcher : public OpScheduler {
         const absl::Time ready = ReadyAt(it->second, now);
         if (ready > now) {
           wake = std::min(wake, ready);
-        } else if (pick == queues_.end() ||
-                   it->second.q.front().task.enqueued < pick->second.q.front().task.enqueued) {
+        } else if (pick == queues_.end() || it->second.q.front().task.enqueued < pick->second.q.front().task.enqueued) {
           pick = it;
         }
       }

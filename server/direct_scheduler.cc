@@ -59,8 +59,8 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
 }
 
 bool RunsInline(const OpRequest& request, int64_t max_bytes) {
-  static const char* const kRowWise[] = {"rms_norm", "add_rms_norm", "add_rms_norm_silu", "layer_norm",
-                                         "softmax",  "silu_and_mul", "gelu",              "rope"};
+  static const char* const kRowWise[] = {
+      "rms_norm", "add_rms_norm", "add_rms_norm_silu", "layer_norm", "softmax", "silu_and_mul", "gelu", "rope"};
   if (max_bytes <= 0) return false;
   bool row_wise = false;
   for (const char* op : kRowWise) row_wise = row_wise || request.op == op;
@@ -118,7 +118,8 @@ class DirectScheduler : public OpScheduler {
     workers_.clear();
     // Inline runs still on gRPC threads.
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](DirectScheduler* s) { return s->running_ == 0; }, this));
+    mu_.Await(absl::Condition(
+        +[](DirectScheduler* s) { return s->running_ == 0; }, this));
   }
 
  private:
@@ -128,10 +129,7 @@ class DirectScheduler : public OpScheduler {
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
-            +[](DirectScheduler* s) {
-              return s->queue_.empty() ? s->stopping_ : s->running_ < s->threads_;
-            },
-            this));
+            +[](DirectScheduler* s) { return s->queue_.empty() ? s->stopping_ : s->running_ < s->threads_; }, this));
         if (queue_.empty()) return;  // stopping and drained
         task = std::move(queue_.front());
         queue_.pop_front();

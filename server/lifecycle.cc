@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "server/log.h"
+#include "telemetry/log.h"
 
 namespace fusedserve {
 namespace {
@@ -44,8 +44,10 @@ void Lifecycle::Watch() {
     if (sigwait(&set, &sig) != 0) continue;
     absl::MutexLock lock(&mu_);
     switch (phase_) {
-      case Phase::kStarting: ExitNow(sig, "start-up");
-      case Phase::kDraining: ExitNow(sig, "the drain");
+      case Phase::kStarting:
+        ExitNow(sig, "start-up");
+      case Phase::kDraining:
+        ExitNow(sig, "the drain");
       case Phase::kServing:
         if (signal_ != 0) ExitNow(sig, "the drain");  // second signal before the drain began
         signal_ = sig;

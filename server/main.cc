@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
-#include <cstdio>
-#include <memory>
 #include <string>
 #include <thread>
 
@@ -24,22 +24,22 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "absl/synchronization/notification.h"
 #include "server/batcher.h"
 #include "server/lifecycle.h"
-#include "server/log.h"
-#include "server/metrics.h"
 #include "server/model_rpc.h"
 #include "server/scheduler.h"
 #include "server/service.h"
 #include "server/tls.h"
+#include "telemetry/log.h"
+#include "telemetry/metrics.h"
 #include "warmup/warmup.h"
 #ifdef FUSEDSERVE_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
-#include "server/model_cuda_runner.h"
+#include "model/cuda_runner.h"
 #endif
 
 // civetweb (prometheus-cpp's HTTP exposer) starts its threads with 100 KiB
@@ -62,7 +62,8 @@ ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is present, else C
 ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal");
 ABSL_FLAG(std::string, tuning_cache, "/var/cache/fusedserve/tuning_cache.json",
           "Tuning cache file (shared by replicas); empty keeps tuned configs in memory only");
-ABSL_FLAG(std::string, envelope, "", "JSON file listing the (op, dtype, shape) entries to warm up; default: the model's");
+ABSL_FLAG(std::string, envelope, "",
+          "JSON file listing the (op, dtype, shape) entries to warm up; default: the model's");
 ABSL_FLAG(double, tune_budget_seconds, 600, "Time budget for tuning missing cache entries at start-up");
 ABSL_FLAG(bool, tune_at_startup, true, "Tune envelope entries missing from the cache before SERVING");
 ABSL_FLAG(std::string, model, "", "Hugging Face checkpoint directory (config.json + *.safetensors)");
@@ -90,7 +91,7 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for the gRPC port; w
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle; when set, clients must present a certificate signed by it (mutual TLS)");
-// Generation engine (TransformerBlock, Generate); see server/engine.h.
+// Generation engine (TransformerBlock, Generate); see engine/engine.h.
 ABSL_FLAG(int64_t, kv_cache_blocks, 0, "KV cache blocks; 0 = as many as --kv_cache_bytes holds");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{64} << 20, "KV cache memory when --kv_cache_blocks=0, bytes");
 ABSL_FLAG(double, kv_cache_gpu_fraction, 0.85,
@@ -169,8 +170,8 @@ WarmupOptions WarmupOptionsFromFlags() {
 
 // The FusedOp scheduler: the dynamic batcher (--batching) or the direct FIFO.
 absl::StatusOr<std::unique_ptr<OpScheduler>> MakeScheduler(Backend* backend, Metrics* metrics,
-                                                          const DirectSchedulerOptions& direct,
-                                                          const ValidationLimits& limits) {
+                                                           const DirectSchedulerOptions& direct,
+                                                           const ValidationLimits& limits) {
   if (!absl::GetFlag(FLAGS_batching)) return MakeDirectScheduler(backend, metrics, direct);
   BatcherOptions o;
   o.threads = direct.threads;
@@ -284,8 +285,10 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
 
   if (mode == "tune") {
     if ((*backend)->name() != "cuda") {
-      LogError("fusedserve tune needs a CUDA GPU: kernel configs are tuned by timing them on the device, and "
-               "this host has none (--device=" + absl::GetFlag(FLAGS_device) + "); run it on the GPU node");
+      LogError(
+          "fusedserve tune needs a CUDA GPU: kernel configs are tuned by timing them on the device, and "
+          "this host has none (--device=" +
+          absl::GetFlag(FLAGS_device) + "); run it on the GPU node");
       return 2;
     }
     if (absl::Status s = (*tuning)->Warmup(backend->get(), log); !s.ok()) {
@@ -324,8 +327,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   sched.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   sched.inline_max_bytes = absl::GetFlag(FLAGS_inline_max_bytes);
   const ValidationLimits limits = LimitsFromFlags(**backend);
-  absl::StatusOr<std::unique_ptr<OpScheduler>> made_scheduler =
-      MakeScheduler(backend->get(), &metrics, sched, limits);
+  absl::StatusOr<std::unique_ptr<OpScheduler>> made_scheduler = MakeScheduler(backend->get(), &metrics, sched, limits);
   if (!made_scheduler.ok()) {
     LogError(std::string(made_scheduler.status().message()));
     return 1;
@@ -340,9 +342,8 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     return 1;
   }
   const ModelConfig model_config = (*weights)->config();
-  LogInfo(absl::StrCat("model ", model_config.name, ": ", model_config.layers, " layers, hidden ",
-                       model_config.hidden, ", vocab ", model_config.vocab, ", ",
-                       model_config.NumParameters() / 1e6, "M parameters"));
+  LogInfo(absl::StrCat("model ", model_config.name, ": ", model_config.layers, " layers, hidden ", model_config.hidden,
+                       ", vocab ", model_config.vocab, ", ", model_config.NumParameters() / 1e6, "M parameters"));
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = absl::UnimplementedError("no model runner");
   int64_t kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
 #ifdef FUSEDSERVE_HAVE_CUDA

@@ -6,13 +6,13 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
-#include "server/log.h"
-#include "server/service.h"
+#include "server/grpc_status.h"
+#include "telemetry/log.h"
 
 namespace fusedserve {
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& model_dir,
-                                                               const std::string& preset, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& model_dir, const std::string& preset,
+                                                               uint64_t seed) {
   if (!model_dir.empty()) return ModelWeights::LoadCheckpoint(model_dir);
   absl::StatusOr<ModelConfig> config = PresetConfig(preset);
   if (!config.ok()) return config.status();
@@ -54,7 +54,8 @@ absl::StatusOr<BlockTask> ValidateTransformerBlock(const v1::TransformerBlockReq
                                                    ") (the model has ", c.layers, " layers)"));
   }
   if (req.num_layers() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("num_layers = ", req.num_layers(), " must be >= 0 (0 = to the end)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_layers = ", req.num_layers(), " must be >= 0 (0 = to the end)"));
   }
   const int64_t n = req.num_layers() == 0 ? c.layers - req.first_layer() : req.num_layers();
   if (req.first_layer() + n > c.layers) {
@@ -106,9 +107,9 @@ absl::StatusOr<BlockTask> ValidateTransformerBlock(const v1::TransformerBlockReq
   return task;
 }
 
-void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx,
-                           const v1::TransformerBlockRequest* request, v1::TransformerBlockResponse* response,
-                           const ValidationLimits& limits, std::function<void(const absl::Status&)> finish) {
+void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx, const v1::TransformerBlockRequest* request,
+                           v1::TransformerBlockResponse* response, const ValidationLimits& limits,
+                           std::function<void(const absl::Status&)> finish) {
   if (engine == nullptr) {
     finish(absl::UnimplementedError("TransformerBlock: no model is loaded in this server"));
     return;
@@ -137,9 +138,12 @@ namespace {
 
 v1::FinishReason ToProto(FinishReason r) {
   switch (r) {
-    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
-    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
-    default: return v1::FINISH_REASON_UNSPECIFIED;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    default:
+      return v1::FINISH_REASON_UNSPECIFIED;
   }
 }
 
@@ -155,8 +159,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
                            public GenerationSink,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
-  GenerateCall(Engine* engine, Metrics* metrics, absl::Time start, absl::Time deadline,
-               std::function<void()> on_done)
+  GenerateCall(Engine* engine, Metrics* metrics, absl::Time start, absl::Time deadline, std::function<void()> on_done)
       : engine_(engine), metrics_(metrics), start_(start), deadline_(deadline), on_done_(std::move(on_done)) {}
 
   // Must be called once, right after construction.
@@ -278,8 +281,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Me
                                                               const v1::GenerateRequest* request,
                                                               std::function<void()> on_done) {
   const absl::Time start = absl::Now();
-  auto call = std::make_shared<GenerateCall>(engine, metrics, start, absl::FromChrono(ctx->deadline()),
-                                             std::move(on_done));
+  auto call =
+      std::make_shared<GenerateCall>(engine, metrics, start, absl::FromChrono(ctx->deadline()), std::move(on_done));
   call->KeepAliveUntilDone();
   GenerateCall* reactor = call.get();
   if (engine == nullptr) {

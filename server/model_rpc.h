@@ -9,17 +9,17 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/engine.h"
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
-#include "server/engine.h"
-#include "server/metrics.h"
 #include "server/validation.h"
+#include "telemetry/metrics.h"
 
 namespace fusedserve {
 
 // Weights from --model (a checkpoint directory) when set, else random
 // weights for --model_preset from --seed.
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& model_dir,
-                                                               const std::string& preset, uint64_t seed);
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModelWeights(const std::string& model_dir, const std::string& preset,
+                                                               uint64_t seed);
 
 void FillModelInfo(const ModelConfig& config, v1::ModelInfo* info);
 
@@ -30,9 +30,9 @@ absl::StatusOr<BlockTask> ValidateTransformerBlock(const v1::TransformerBlockReq
 
 // Runs a TransformerBlock call through the engine; `finish` is called once
 // (possibly on the engine thread) after `response` is filled or with an error.
-void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx,
-                           const v1::TransformerBlockRequest* request, v1::TransformerBlockResponse* response,
-                           const ValidationLimits& limits, std::function<void(const absl::Status&)> finish);
+void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx, const v1::TransformerBlockRequest* request,
+                           v1::TransformerBlockResponse* response, const ValidationLimits& limits,
+                           std::function<void(const absl::Status&)> finish);
 
 // The reactor of one Generate call. engine may be null (UNIMPLEMENTED); a
 // non-OK `accepting` (warming up, draining) ends the call with it. Records

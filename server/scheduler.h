@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/backend.h"
-#include "server/metrics.h"
+#include "telemetry/metrics.h"
 
 namespace fusedserve {
 
@@ -39,8 +39,8 @@ class OpScheduler {
 };
 
 struct DirectSchedulerOptions {
-  int threads = 4;        // concurrent backend calls
-  int max_queue = 1024;   // queued requests before RESOURCE_EXHAUSTED
+  int threads = 4;       // concurrent backend calls
+  int max_queue = 1024;  // queued requests before RESOURCE_EXHAUSTED
   // Input bytes of the queued requests before RESOURCE_EXHAUSTED.
   int64_t max_queued_bytes = int64_t{1} << 30;
   // Requests that RunsInline accepts run on the submitting (gRPC) thread when

@@ -8,22 +8,6 @@
 
 namespace fusedserve {
 
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  // absl::StatusCode and grpc::StatusCode share their numeric values.
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-std::string GrpcCodeName(grpc::StatusCode code) {
-  static const char* kNames[] = {
-      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
-      "DATA_LOSS", "UNAUTHENTICATED"};
-  const int c = static_cast<int>(code);
-  return c >= 0 && c < 17 ? kNames[c] : "UNKNOWN";
-}
-
 FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options)
     : backend_(backend), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {}
 
@@ -44,8 +28,9 @@ void FusedServeService::CallFinished() {
 
 bool FusedServeService::WaitIdle(absl::Duration timeout) {
   absl::MutexLock lock(&calls_mu_);
-  return calls_mu_.AwaitWithTimeout(
-      absl::Condition(+[](int64_t* n) { return *n == 0; }, &calls_in_flight_), timeout);
+  return calls_mu_.AwaitWithTimeout(absl::Condition(
+                                        +[](int64_t* n) { return *n == 0; }, &calls_in_flight_),
+                                    timeout);
 }
 
 absl::Status FusedServeService::CheckAccepting() const {
@@ -111,8 +96,9 @@ grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext
   task.deadline = absl::FromChrono(ctx->deadline());
   task.interrupted = [this, ctx]() -> absl::Status {
     if (aborted_.load()) {
-      return absl::UnavailableError("server is shutting down and its drain grace ran out before this request "
-                                    "finished; retry on another replica");
+      return absl::UnavailableError(
+          "server is shutting down and its drain grace ran out before this request "
+          "finished; retry on another replica");
     }
     if (ctx->IsCancelled()) return absl::CancelledError("request cancelled by the client");
     return absl::OkStatus();
@@ -151,7 +137,7 @@ grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServ
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FusedServeService::Generate(grpc::CallbackServerContext* ctx,
-                                                                           const v1::GenerateRequest* request) {
+                                                                            const v1::GenerateRequest* request) {
   CallStarted();
   return StartGenerate(engine_.load(), metrics_, CheckAccepting(), ctx, request, [this] { CallFinished(); });
 }

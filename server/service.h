@@ -7,17 +7,14 @@
 #include <string>
 
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
-#include "server/metrics.h"
+#include "server/grpc_status.h"
 #include "server/scheduler.h"
 #include "server/validation.h"
+#include "telemetry/metrics.h"
 
 namespace fusedserve {
 
-class Engine;  // server/engine.h: the generation engine (TransformerBlock, Generate)
-
-grpc::Status ToGrpcStatus(const absl::Status& s);
-// "OK", "INVALID_ARGUMENT", ... (label value of fusedserve_requests_total).
-std::string GrpcCodeName(grpc::StatusCode code);
+class Engine;  // engine/engine.h: the generation engine (TransformerBlock, Generate)
 
 struct ServiceOptions {
   ValidationLimits limits;

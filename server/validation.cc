@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -27,21 +27,31 @@ std::string ClientText(absl::string_view s) {
 
 DType FromProtoDType(v1::DType d) {
   switch (d) {
-    case v1::F16: return DType::kF16;
-    case v1::BF16: return DType::kBF16;
-    case v1::I32: return DType::kI32;
-    case v1::I64: return DType::kI64;
-    default: return DType::kF32;
+    case v1::F16:
+      return DType::kF16;
+    case v1::BF16:
+      return DType::kBF16;
+    case v1::I32:
+      return DType::kI32;
+    case v1::I64:
+      return DType::kI64;
+    default:
+      return DType::kF32;
   }
 }
 
 v1::DType ToProtoDType(DType d) {
   switch (d) {
-    case DType::kF32: return v1::F32;
-    case DType::kF16: return v1::F16;
-    case DType::kBF16: return v1::BF16;
-    case DType::kI32: return v1::I32;
-    case DType::kI64: return v1::I64;
+    case DType::kF32:
+      return v1::F32;
+    case DType::kF16:
+      return v1::F16;
+    case DType::kBF16:
+      return v1::BF16;
+    case DType::kI32:
+      return v1::I32;
+    case DType::kI64:
+      return v1::I64;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -50,8 +60,8 @@ namespace {
 
 // Checks dtype, shape and byte length; the bytes are copied, or taken from
 // `take` (the same tensor's mutable bytes) when given.
-absl::StatusOr<HostTensor> ConvertTensor(const v1::Tensor& t, const std::string& name,
-                                         const ValidationLimits& limits, std::string* take) {
+absl::StatusOr<HostTensor> ConvertTensor(const v1::Tensor& t, const std::string& name, const ValidationLimits& limits,
+                                         std::string* take) {
   if (t.dtype() == v1::DTYPE_UNSPECIFIED || !v1::DType_IsValid(t.dtype())) {
     return Invalid(absl::StrCat("input '", name, "': dtype must be one of F32, F16, BF16, I32, I64 (got ",
                                 static_cast<int>(t.dtype()), ")"));
@@ -68,18 +78,16 @@ absl::StatusOr<HostTensor> ConvertTensor(const v1::Tensor& t, const std::string&
       return Invalid(absl::StrCat("input '", name, "': dimension ", i, " is ", d, ", must be >= 1"));
     }
     if (d > limits.max_tensor_elements || numel > limits.max_tensor_elements / d) {
-      return Invalid(absl::StrCat("input '", name, "': shape ",
-                                  ShapeStr({t.shape().begin(), t.shape().end()}), " has more than ",
-                                  limits.max_tensor_elements, " elements (the server's limit)"));
+      return Invalid(absl::StrCat("input '", name, "': shape ", ShapeStr({t.shape().begin(), t.shape().end()}),
+                                  " has more than ", limits.max_tensor_elements, " elements (the server's limit)"));
     }
     numel *= d;
   }
   out.shape.assign(t.shape().begin(), t.shape().end());
   const int64_t expect = numel * static_cast<int64_t>(DTypeSize(out.dtype));
   if (static_cast<int64_t>(t.data().size()) != expect) {
-    return Invalid(absl::StrCat("input '", name, "': data has ", t.data().size(), " bytes, expected ", expect,
-                                " (", numel, " elements of ", DTypeName(out.dtype), " for shape ",
-                                ShapeStr(out.shape), ")"));
+    return Invalid(absl::StrCat("input '", name, "': data has ", t.data().size(), " bytes, expected ", expect, " (",
+                                numel, " elements of ", DTypeName(out.dtype), " for shape ", ShapeStr(out.shape), ")"));
   }
   if (take != nullptr) {
     out.data.swap(*take);
@@ -96,8 +104,7 @@ absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& t, const std::strin
   return ConvertTensor(t, name, limits, nullptr);
 }
 
-absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor& t, const std::string& name,
-                                               const ValidationLimits& limits) {
+absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor& t, const std::string& name, const ValidationLimits& limits) {
   return ConvertTensor(t, name, limits, t.mutable_data());
 }
 
@@ -150,8 +157,8 @@ absl::Status CheckRankAtLeast(const OpRequest& r, const std::string& name, int r
 absl::Status CheckIndexValues(const OpRequest& r, const std::string& name, int64_t lo, int64_t hi) {
   for (int64_t v : r.in(name).ToInt64()) {
     if (v < lo || v > hi) {
-      return Invalid(absl::StrCat(r.op, ": input '", name, "' has value ", v, ", expected within [", lo, ", ", hi,
-                                  "]"));
+      return Invalid(
+          absl::StrCat(r.op, ": input '", name, "' has value ", v, ", expected within [", lo, ", ", hi, "]"));
     }
   }
   return absl::OkStatus();
@@ -174,8 +181,8 @@ absl::Status CheckShapes(OpRequest& r) {
   if (op == "silu_and_mul") {
     if (auto s = CheckRankAtLeast(r, "x", 1); !s.ok()) return s;
     if (r.in("x").dim(-1) % 2 != 0) {
-      return Invalid(absl::StrCat(op, ": input 'x' last dimension is ", r.in("x").dim(-1),
-                                  ", expected an even number (2*I)"));
+      return Invalid(
+          absl::StrCat(op, ": input 'x' last dimension is ", r.in("x").dim(-1), ", expected an even number (2*I)"));
     }
     return absl::OkStatus();
   }
@@ -234,8 +241,7 @@ absl::Status CheckShapes(OpRequest& r) {
     int64_t total = 0;
     for (int64_t v : r.in("seq_lens").ToInt64()) total += v;
     if (total != rows) {
-      return Invalid(absl::StrCat(op, ": input 'seq_lens' sums to ", total, ", expected T = ", rows,
-                                  " (rows of 'q')"));
+      return Invalid(absl::StrCat(op, ": input 'seq_lens' sums to ", total, ", expected T = ", rows, " (rows of 'q')"));
     }
     return absl::OkStatus();
   }
@@ -258,8 +264,8 @@ absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
     if (!known) {
       std::vector<std::string> names;
       for (const AttrSpec& a : spec.attrs) names.push_back(a.name);
-      return Invalid(absl::StrCat(r.op, ": unknown attribute '", ClientText(name), "' (expected one of: ",
-                                  names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+      return Invalid(absl::StrCat(r.op, ": unknown attribute '", ClientText(name),
+                                  "' (expected one of: ", names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
     }
   }
   for (const AttrSpec& a : spec.attrs) {
@@ -282,8 +288,8 @@ absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
       bool found = false;
       for (const std::string& c : a.choices) found |= c == s;
       if (!found) {
-        return Invalid(absl::StrCat(r.op, ": attribute '", a.name, "' is \"", ClientText(s), "\", expected one of: ",
-                                    absl::StrJoin(a.choices, ", ")));
+        return Invalid(absl::StrCat(r.op, ": attribute '", a.name, "' is \"", ClientText(s),
+                                    "\", expected one of: ", absl::StrJoin(a.choices, ", ")));
       }
     }
   }
@@ -332,19 +338,18 @@ absl::Status ValidateOpRequest(OpRequest& r) {
     if (auto s = CheckInputName(*spec, name); !s.ok()) return s;
     if (listed(spec->index_inputs, name)) {
       if (t.dtype != DType::kI32 && t.dtype != DType::kI64) {
-        return Invalid(absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype),
-                                    ", expected I32 or I64"));
+        return Invalid(
+            absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype), ", expected I32 or I64"));
       }
     } else if (!IsFloat(t.dtype)) {
-      return Invalid(absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype),
-                                  ", expected F32, F16 or BF16"));
+      return Invalid(
+          absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype), ", expected F32, F16 or BF16"));
     } else if (!float_dtype) {
       float_dtype = t.dtype;
       first_float = name;
     } else if (*float_dtype != t.dtype) {
-      return Invalid(absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype), " but '",
-                                  first_float, "' has ", DTypeName(*float_dtype),
-                                  "; float inputs must share one dtype"));
+      return Invalid(absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype), " but '", first_float,
+                                  "' has ", DTypeName(*float_dtype), "; float inputs must share one dtype"));
     }
   }
   if (auto s = CheckShapes(r); !s.ok()) return s;
@@ -393,22 +398,28 @@ absl::StatusOr<OpRequest> Validate(const v1::FusedOpRequest& request, v1::FusedO
     if (auto s = CheckInputName(*spec, name); !s.ok()) return s;
   }
   for (const auto& [name, t] : request.inputs()) {
-    absl::StatusOr<HostTensor> ht =
-        mutable_request != nullptr
-            ? TakeTensorFromProto((*mutable_request->mutable_inputs())[name], name, limits)
-            : TensorFromProto(t, name, limits);
+    absl::StatusOr<HostTensor> ht = mutable_request != nullptr
+                                        ? TakeTensorFromProto((*mutable_request->mutable_inputs())[name], name, limits)
+                                        : TensorFromProto(t, name, limits);
     if (!ht.ok()) return absl::InvalidArgumentError(absl::StrCat(r.op, ": ", ht.status().message()));
     r.inputs.emplace(name, *std::move(ht));
   }
   for (const auto& [name, v] : request.attrs()) {
     switch (v.value_case()) {
-      case v1::AttrValue::kF: r.attrs[name] = v.f(); break;
-      case v1::AttrValue::kI: r.attrs[name] = static_cast<int64_t>(v.i()); break;
-      case v1::AttrValue::kS: r.attrs[name] = v.s(); break;
-      case v1::AttrValue::kB: r.attrs[name] = v.b(); break;
+      case v1::AttrValue::kF:
+        r.attrs[name] = v.f();
+        break;
+      case v1::AttrValue::kI:
+        r.attrs[name] = static_cast<int64_t>(v.i());
+        break;
+      case v1::AttrValue::kS:
+        r.attrs[name] = v.s();
+        break;
+      case v1::AttrValue::kB:
+        r.attrs[name] = v.b();
+        break;
       default:
-        return absl::InvalidArgumentError(
-            absl::StrCat(r.op, ": attribute '", ClientText(name), "' has no value set"));
+        return absl::InvalidArgumentError(absl::StrCat(r.op, ": attribute '", ClientText(name), "' has no value set"));
     }
   }
   if (auto s = ValidateOpRequest(r); !s.ok()) return s;

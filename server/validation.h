@@ -18,9 +18,9 @@ struct ValidationLimits {
   int64_t max_tensor_elements = int64_t{1} << 28;
   // Bounds on what one FusedOp may cost (EstimateCost), checked before it
   // runs; past them the request gets RESOURCE_EXHAUSTED naming the flag.
-  double max_op_bytes = double(int64_t{4} << 30);   // outputs + working memory (--max_op_bytes)
-  double max_op_flops = 5e10;                       // work (--max_op_flops; the server sets it per backend)
-  double max_output_bytes = double(512 << 20);      // the response must fit one message (--max_message_bytes)
+  double max_op_bytes = double(int64_t{4} << 30);  // outputs + working memory (--max_op_bytes)
+  double max_op_flops = 5e10;                      // work (--max_op_flops; the server sets it per backend)
+  double max_output_bytes = double(512 << 20);     // the response must fit one message (--max_message_bytes)
 };
 
 // A client-supplied string as it may appear in an error message: escaped and
@@ -33,8 +33,7 @@ std::string ClientText(absl::string_view s);
 // request messages are not read again once converted).
 absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& t, const std::string& name,
                                            const ValidationLimits& limits);
-absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor& t, const std::string& name,
-                                               const ValidationLimits& limits);
+absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor& t, const std::string& name, const ValidationLimits& limits);
 void TensorToProto(const HostTensor& t, v1::Tensor* out);
 void TensorToProto(HostTensor&& t, v1::Tensor* out);  // moves the bytes
 // The wire form of a request (the inverse of ValidateFusedOp's conversion),

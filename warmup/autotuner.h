@@ -26,12 +26,12 @@ struct CandidateTime {
 struct TuneResult {
   // false: the device has no kernel for this op (nothing timed, nothing stored).
   bool supported = true;
-  std::string note;               // why not supported / skipped, for the log
-  std::string default_config;     // the first candidate; "" when the op has none
-  int64_t candidates = 0;         // candidate configs listed
-  int64_t benchmarks = 0;         // candidate configs timed
+  std::string note;                     // why not supported / skipped, for the log
+  std::string default_config;           // the first candidate; "" when the op has none
+  int64_t candidates = 0;               // candidate configs listed
+  int64_t benchmarks = 0;               // candidate configs timed
   std::vector<CandidateTime> accepted;  // fastest first; includes the default when timed
-  double default_us = 0;          // 0 when not timed
+  double default_us = 0;                // 0 when not timed
   // (config, reason): "mismatch" (output differs from the default config's) or
   // "launch_failed".
   std::vector<std::pair<std::string, std::string>> rejected;
@@ -72,7 +72,7 @@ struct TuningServiceInternals {
 
 // Create() with an explicit stamp and tuner (nullptr: never tune).
 absl::StatusOr<std::unique_ptr<TuningService>> CreateTuningService(const WarmupOptions& options, CacheStamp stamp,
-                                                                  std::unique_ptr<Tuner> tuner,
-                                                                  TuningServiceInternals internals = {});
+                                                                   std::unique_ptr<Tuner> tuner,
+                                                                   TuningServiceInternals internals = {});
 
 }  // namespace fusedserve

@@ -77,18 +77,19 @@ constexpr int64_t kSampleBytes = int64_t{8} << 20;
 constexpr double kCandidateBudgetUs = 20000;
 constexpr int kMinRuns = 5, kMaxRuns = 25;
 
-absl::Status ToStatus(const CudaStatus& s) {
-  return s.ok() ? absl::OkStatus() : absl::InternalError(s.message);
-}
+absl::Status ToStatus(const CudaStatus& s) { return s.ok() ? absl::OkStatus() : absl::InternalError(s.message); }
 
 // Relative error norm ||candidate - reference|| / ||reference|| allowed between
 // two configs of one op: both accumulate in fp32, so they differ by output
 // rounding (a few ulps of the output dtype) and summation order.
 double Tolerance(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return 1.6e-2;  // 2^-6: bf16 has 8 mantissa bits
-    case DType::kF16: return 4e-3;     // 2^-8
-    default: return 1e-3;              // f32 (leaves room for TF32 GEMM paths)
+    case DType::kBF16:
+      return 1.6e-2;  // 2^-6: bf16 has 8 mantissa bits
+    case DType::kF16:
+      return 4e-3;  // 2^-8
+    default:
+      return 1e-3;  // f32 (leaves room for TF32 GEMM paths)
   }
 }
 
@@ -254,8 +255,10 @@ class CudaTuner : public Tuner {
     int device = 0;
     cudaDeviceProp prop{};
     int driver = 0, runtime = 0;
-    if (stream_ != nullptr) device = device_;
-    else if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+    if (stream_ != nullptr)
+      device = device_;
+    else if (cudaGetDevice(&device) != cudaSuccess)
+      device = -1;
     if (device < 0 || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
       cudaGetLastError();
       return s;
@@ -293,9 +296,8 @@ class CudaTuner : public Tuner {
   CudaStatus Launch(Problem& p, const std::string& config, const ConfigLookup& tuned, bool* handled);
   // After a failed launch: clears a non-sticky error; an error if the context is lost.
   absl::Status Recover(const std::string& what);
-  CudaStatus Sample(const Problem& p, std::vector<std::vector<float>>* out);
-  absl::StatusOr<double> Time(Problem& p, const std::string& config, const ConfigLookup& tuned, int runs,
-                              bool gated);
+  CudaStatus Sample(const Problem& p, std::vector<std::vector<float> >* out);
+  absl::StatusOr<double> Time(Problem& p, const std::string& config, const ConfigLookup& tuned, int runs, bool gated);
 
   // The device current when the tuner is first used (the backend's: the
   // server creates the backend, which selects it, before Warmup).
@@ -447,8 +449,8 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
       return ToStatus(c);
     for (int64_t filled = have; filled < M;) {
       const int64_t n = std::min(filled, M - filled);
-      if (CudaStatus c = FS_CUDA_CHECK(cudaMemcpyAsync(dst + filled * row_bytes, dst, n * row_bytes,
-                                                       cudaMemcpyDeviceToDevice, st));
+      if (CudaStatus c = FS_CUDA_CHECK(
+              cudaMemcpyAsync(dst + filled * row_bytes, dst, n * row_bytes, cudaMemcpyDeviceToDevice, st));
           !c.ok())
         return ToStatus(c);
       filled += n;
@@ -484,7 +486,7 @@ absl::Status CudaTuner::Recover(const std::string& what) {
   return absl::OkStatus();
 }
 
-CudaStatus CudaTuner::Sample(const Problem& p, std::vector<std::vector<float>>* out) {
+CudaStatus CudaTuner::Sample(const Problem& p, std::vector<std::vector<float> >* out) {
   out->clear();
   for (const Problem::Slot& slot : p.outputs) {
     const int64_t rows = slot.tensor.shape.empty() ? 1 : std::max<int64_t>(1, slot.tensor.shape[0]);
@@ -501,8 +503,8 @@ CudaStatus CudaTuner::Sample(const Problem& p, std::vector<std::vector<float>>* 
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t first = blocks == 1 ? 0 : b * (rows - per_block) / (blocks - 1);
       const char* src = static_cast<const char*>(slot.tensor.data) + first * row_bytes;
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpy(&h.data[b * per_block * row_bytes], src, per_block * row_bytes,
-                                                  cudaMemcpyDeviceToHost));
+      if (CudaStatus s = FS_CUDA_CHECK(
+              cudaMemcpy(&h.data[b * per_block * row_bytes], src, per_block * row_bytes, cudaMemcpyDeviceToHost));
           !s.ok())
         return s;
     }
@@ -513,7 +515,7 @@ CudaStatus CudaTuner::Sample(const Problem& p, std::vector<std::vector<float>>* 
 
 // Relative error norm; a NaN/Inf where the reference is finite (an element
 // the candidate did not write stays NaN) counts as a mismatch.
-bool Matches(const std::vector<std::vector<float>>& ref, const std::vector<std::vector<float>>& got, DType dtype,
+bool Matches(const std::vector<std::vector<float> >& ref, const std::vector<std::vector<float> >& got, DType dtype,
              double* rel) {
   double diff = 0, norm = 0;
   for (size_t t = 0; t < ref.size(); ++t) {
@@ -613,7 +615,7 @@ absl::StatusOr<TuneResult> CudaTuner::Tune(const EnvelopeEntry& e, const ConfigL
     return result;
   }
 
-  std::vector<std::vector<float>> reference, got;
+  std::vector<std::vector<float> > reference, got;
   for (const std::string& config : candidates) {
     const bool is_default = config == candidates[0];
     // Correctness run on poisoned outputs (all-ones bits: NaN in every float dtype).

@@ -83,8 +83,8 @@ namespace {
 // The entries of one model shape, for every token bucket.
 void AddShapeEntries(const EnvelopeShape& shape, DType dtype, const std::vector<int64_t>& buckets,
                      std::vector<EnvelopeEntry>* env) {
-  const int64_t H = shape.hidden_size, I = shape.intermediate_size, Hq = shape.num_q_heads,
-                Hkv = shape.num_kv_heads, D = shape.head_dim, V = shape.vocab_size;
+  const int64_t H = shape.hidden_size, I = shape.intermediate_size, Hq = shape.num_q_heads, Hkv = shape.num_kv_heads,
+                D = shape.head_dim, V = shape.vocab_size;
   auto add = [&](const std::string& op, std::vector<int64_t> rest) {
     for (int64_t m : buckets) {
       std::vector<int64_t> key{m};
@@ -123,8 +123,8 @@ std::vector<EnvelopeEntry> DefaultEnvelope(const WarmupOptions& o) {
   const int64_t max_bucket = RoundUpPow2(std::max<int64_t>(1, o.max_tokens));
   for (int64_t m = 1; m <= max_bucket; m *= 2) buckets.push_back(m);
 
-  std::vector<EnvelopeShape> shapes = {{o.hidden_size, o.intermediate_size, o.num_q_heads, o.num_kv_heads,
-                                        o.head_dim, o.vocab_size}};
+  std::vector<EnvelopeShape> shapes = {
+      {o.hidden_size, o.intermediate_size, o.num_q_heads, o.num_kv_heads, o.head_dim, o.vocab_size}};
   shapes.insert(shapes.end(), o.model_shapes.begin(), o.model_shapes.end());
   std::vector<EnvelopeEntry> env;
   std::set<std::pair<std::string, std::vector<int64_t>>> seen;

@@ -43,11 +43,16 @@ std::vector<int64_t> BucketKey(const std::string& op, const std::vector<int64_t>
 
 std::string DTypeFileName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
   }
   return "?";
 }
@@ -55,10 +60,14 @@ std::string DTypeFileName(DType dtype) {
 bool ParseDTypeFileName(const std::string& name, DType* dtype) {
   std::string n = name;
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (n == "bf16" || n == "bfloat16") *dtype = DType::kBF16;
-  else if (n == "f16" || n == "fp16" || n == "float16") *dtype = DType::kF16;
-  else if (n == "f32" || n == "fp32" || n == "float32") *dtype = DType::kF32;
-  else return false;
+  if (n == "bf16" || n == "bfloat16")
+    *dtype = DType::kBF16;
+  else if (n == "f16" || n == "fp16" || n == "float16")
+    *dtype = DType::kF16;
+  else if (n == "f32" || n == "fp32" || n == "float32")
+    *dtype = DType::kF32;
+  else
+    return false;
   return true;
 }
 
@@ -76,12 +85,9 @@ namespace {
 // ---- JSON <-> structs -------------------------------------------------------------
 
 json StampToJson(const CacheStamp& s) {
-  return json{{"device", s.device},
-              {"compute_capability", s.compute_capability},
-              {"driver", s.driver},
-              {"cuda_runtime", s.cuda_runtime},
-              {"cublaslt", s.cublaslt},
-              {"kernel_hash", s.kernel_hash}};
+  return json{{"device", s.device},     {"compute_capability", s.compute_capability},
+              {"driver", s.driver},     {"cuda_runtime", s.cuda_runtime},
+              {"cublaslt", s.cublaslt}, {"kernel_hash", s.kernel_hash}};
 }
 
 bool StampFromJson(const json& j, CacheStamp* s) {
@@ -98,9 +104,8 @@ bool StampFromJson(const json& j, CacheStamp* s) {
     *out = it->get<int64_t>();
     return true;
   };
-  return str("device", &s->device) && str("compute_capability", &s->compute_capability) &&
-         num("driver", &s->driver) && num("cuda_runtime", &s->cuda_runtime) && num("cublaslt", &s->cublaslt) &&
-         str("kernel_hash", &s->kernel_hash);
+  return str("device", &s->device) && str("compute_capability", &s->compute_capability) && num("driver", &s->driver) &&
+         num("cuda_runtime", &s->cuda_runtime) && num("cublaslt", &s->cublaslt) && str("kernel_hash", &s->kernel_hash);
 }
 
 double Round2(double us) { return std::round(us * 100.0) / 100.0; }
@@ -330,10 +335,10 @@ std::string RenameAside(const std::string& path, std::string* error) {
 
 struct ParsedFile {
   enum Kind { kMissing, kOk, kCorrupt, kForeignSchema } kind = kMissing;
-  std::string why;                              // kCorrupt / kForeignSchema
-  std::vector<TuningEntry> ours;                // entries of sections stamped like us
+  std::string why;                // kCorrupt / kForeignSchema
+  std::vector<TuningEntry> ours;  // entries of sections stamped like us
   bool has_ours = false;
-  std::vector<json> others;                     // other sections, verbatim
+  std::vector<json> others;  // other sections, verbatim
   std::vector<CacheStamp> other_stamps;
 };
 
@@ -389,8 +394,7 @@ std::string SerializeCache(const CacheStamp& stamp, const std::map<std::string, 
     auto it = s.find("updated");
     return it != s.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
-  std::stable_sort(others.begin(), others.end(),
-                   [&](const json& a, const json& b) { return updated(a) > updated(b); });
+  std::stable_sort(others.begin(), others.end(), [&](const json& a, const json& b) { return updated(a) > updated(b); });
   if (others.size() > static_cast<size_t>(kMaxForeignSections)) others.resize(kMaxForeignSections);
 
   // One entry per line: readable, and diffs of the file stay small.
@@ -495,8 +499,8 @@ void TuningCache::Load() {
       }
       if (parsed.has_ours || parsed.others.empty()) {
         state_ = "loaded";
-        notices_.push_back(absl::StrCat("tuning cache ", path_, ": loaded ", entries_.size(), " entries for ",
-                                        stamp.ToString()));
+        notices_.push_back(
+            absl::StrCat("tuning cache ", path_, ": loaded ", entries_.size(), " entries for ", stamp.ToString()));
       } else {
         state_ = "foreign";
         CountRejected("stale");

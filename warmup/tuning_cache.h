@@ -90,8 +90,8 @@ struct TuningEntry {
   double time_us = 0;        // the winner's median time; 0 when nothing was timed
   std::string runner_up;     // "" when there was no other accepted candidate
   double runner_up_us = 0;
-  double default_us = 0;     // the default config's time, for the speed-up
-  int64_t candidates = 0;    // candidate configs considered
+  double default_us = 0;   // the default config's time, for the speed-up
+  int64_t candidates = 0;  // candidate configs considered
 };
 
 // Smallest power of two >= n (1 for n <= 1).

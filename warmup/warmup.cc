@@ -6,6 +6,8 @@
 // forgetting the entry) if a cached config no longer runs, and (4) runs each
 // envelope op once through the serving backend at a small shape. Requests
 // never tune: lookup() only reads the in-memory cache.
+#include "warmup/warmup.h"
+
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -19,7 +21,6 @@
 #include "warmup/autotuner.h"
 #include "warmup/envelope.h"
 #include "warmup/tuning_cache.h"
-#include "warmup/warmup.h"
 
 namespace fusedserve {
 namespace {
@@ -76,8 +77,8 @@ class TuningServiceImpl : public TuningService {
 
  private:
   // Tunes the missing entries; returns an error only when the device failed.
-  absl::Status TuneMissing(const std::vector<const EnvelopeEntry*>& missing, Clock::time_point start,
-                           WarmupReport* r, const std::function<void(const std::string&)>& log);
+  absl::Status TuneMissing(const std::vector<const EnvelopeEntry*>& missing, Clock::time_point start, WarmupReport* r,
+                           const std::function<void(const std::string&)>& log);
   absl::Status RunEnvelopeOnce(WarmupReport* r, const std::function<void(const std::string&)>& log);
   absl::Status SmokeBackend(Backend* backend, const std::function<void(const std::string&)>& log);
 
@@ -135,8 +136,8 @@ absl::Status TuningServiceImpl::Warmup(Backend* backend, const std::function<voi
   } else {
     plan = absl::StrCat("tuning the missing ones (budget ", options_.tune_budget_seconds, " s)");
   }
-  log(absl::StrCat("warm-up: envelope of ", envelope_.size(), " entries, ", r.hits, " in the tuning cache, ",
-                   r.misses, " missing; ", plan));
+  log(absl::StrCat("warm-up: envelope of ", envelope_.size(), " entries, ", r.hits, " in the tuning cache, ", r.misses,
+                   " missing; ", plan));
 
   absl::Status status;
   if (on_device && options_.tune_missing && !missing.empty()) {
@@ -163,9 +164,8 @@ absl::Status TuningServiceImpl::Warmup(Backend* backend, const std::function<voi
   return status;
 }
 
-absl::Status TuningServiceImpl::TuneMissing(const std::vector<const EnvelopeEntry*>& missing,
-                                            Clock::time_point start, WarmupReport* r,
-                                            const std::function<void(const std::string&)>& log) {
+absl::Status TuningServiceImpl::TuneMissing(const std::vector<const EnvelopeEntry*>& missing, Clock::time_point start,
+                                            WarmupReport* r, const std::function<void(const std::string&)>& log) {
   const ConfigLookup tuned = lookup();
   Clock::time_point last_flush = Clock::now();
   const size_t n = missing.size();
@@ -217,8 +217,7 @@ absl::Status TuningServiceImpl::TuneMissing(const std::vector<const EnvelopeEntr
       // A non-default config must beat the default by 1%: below that the
       // difference is timing noise and the default is the safer choice.
       const CandidateTime* best = &result->accepted[0];
-      if (best->config != result->default_config && result->default_us > 0 &&
-          best->us > 0.99 * result->default_us) {
+      if (best->config != result->default_config && result->default_us > 0 && best->us > 0.99 * result->default_us) {
         for (const CandidateTime& c : result->accepted) {
           if (c.config == result->default_config) best = &c;
         }
@@ -233,8 +232,8 @@ absl::Status TuningServiceImpl::TuneMissing(const std::vector<const EnvelopeEntr
         }
       }
       cache_->Put(entry);
-      std::string line = absl::StrCat(what, result->candidates, " candidates, best ", best->config, " ", Us(best->us),
-                                      " us");
+      std::string line =
+          absl::StrCat(what, result->candidates, " candidates, best ", best->config, " ", Us(best->us), " us");
       if (result->default_us > 0) absl::StrAppend(&line, " (default ", Us(result->default_us), " us)");
       log(line + rejected_text);
     }
@@ -312,8 +311,8 @@ absl::Status TuningServiceImpl::SmokeBackend(Backend* backend, const std::functi
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TuningService>> CreateTuningService(const WarmupOptions& options, CacheStamp stamp,
-                                                                  std::unique_ptr<Tuner> tuner,
-                                                                  TuningServiceInternals internals) {
+                                                                   std::unique_ptr<Tuner> tuner,
+                                                                   TuningServiceInternals internals) {
   if (options.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be at least 1");
   if (options.tune_budget_seconds < 0) return absl::InvalidArgumentError("tune_budget_seconds must be >= 0");
   std::vector<EnvelopeEntry> envelope;

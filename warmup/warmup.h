@@ -48,8 +48,8 @@ struct WarmupOptions {
   // Further shapes for the default envelope, beside the standard one above:
   // the hosted model's (main.cc adds it), so its kernels start warm too.
   std::vector<EnvelopeShape> model_shapes;
-  int64_t max_tokens = 16384;  // token buckets 1, 2, 4, ... max_tokens
-  bool tune_missing = true;    // false: use defaults for entries not in the cache
+  int64_t max_tokens = 16384;        // token buckets 1, 2, 4, ... max_tokens
+  bool tune_missing = true;          // false: use defaults for entries not in the cache
   double tune_budget_seconds = 600;  // stop tuning after this; rest use defaults
 };
 
@@ -60,7 +60,7 @@ struct WarmupReport {
   int64_t misses = 0;       // envelope entries tuned (or defaulted) at start
   int64_t benchmarks = 0;   // candidate configs timed
   std::vector<std::pair<std::string, int64_t>> rejected;  // reason -> count
-  double seconds = 0;       // wall time of Warmup()
+  double seconds = 0;                                     // wall time of Warmup()
 };
 
 class TuningService {

@@ -14,8 +14,8 @@ namespace {
 
 // One query row against n keys/values spaced kv_stride floats apart.
 // q, o [D]; k, v: row j at k + j * kv_stride.   scores [>= n], acc: scratch
-void AttendOne(const float* q, const float* k, const float* v, int64_t n, int64_t kv_stride, int64_t D,
-               double scale, std::vector<double>& scores, std::vector<double>& acc, float* o) {
+void AttendOne(const float* q, const float* k, const float* v, int64_t n, int64_t kv_stride, int64_t D, double scale,
+               std::vector<double>& scores, std::vector<double>& acc, float* o) {
   if (n <= 0) {  // nothing to attend to: defined as zeros rather than 0/0
     std::fill(o, o + D, 0.0f);
     return;
@@ -64,8 +64,8 @@ void AttentionRows(const float* q, const float* k, const float* v, const int64_t
       const int64_t n_keys = causal ? i + 1 : len;  // keys offset .. offset + n_keys - 1
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t kvh = h / group;
-        AttendOne(q + (row * Hq + h) * D, k + (offset * Hkv + kvh) * D, v + (offset * Hkv + kvh) * D, n_keys,
-                  Hkv * D, D, scale, scores, acc, o + (row * Hq + h) * D);
+        AttendOne(q + (row * Hq + h) * D, k + (offset * Hkv + kvh) * D, v + (offset * Hkv + kvh) * D, n_keys, Hkv * D,
+                  D, scale, scores, acc, o + (row * Hq + h) * D);
       }
     }
   }

@@ -88,9 +88,8 @@ class CpuBackend : public Backend {
     } else if (op == "gelu") {
       const auto xv = F("x");
       const bool tanh = r.s("approximate") == "tanh";
-      status = ForEachChunk(r.in("x").numel(), flops, stop, [&](int64_t b, int64_t e) {
-        cpu::Gelu(xv.data() + b, e - b, tanh, out["y"].data() + b);
-      });
+      status = ForEachChunk(r.in("x").numel(), flops, stop,
+                            [&](int64_t b, int64_t e) { cpu::Gelu(xv.data() + b, e - b, tanh, out["y"].data() + b); });
     } else if (op == "rope") {
       const HostTensor& q = r.in("q");
       const int64_t Hq = q.dim(1), Hkv = r.in("k").dim(1), D = q.dim(2);
@@ -125,8 +124,8 @@ class CpuBackend : public Backend {
       const std::vector<int64_t> seq_lens = sl.ToInt64();
       const float scale = static_cast<float>(AttentionScale(r));
       status = ForEachChunk(q.dim(0), flops, stop, [&](int64_t b, int64_t e) {
-        cpu::AttentionRows(qv.data(), kv.data(), vv.data(), seq_lens.data(), sl.dim(0), q.dim(0), q.dim(1),
-                           k.dim(1), q.dim(2), r.b("causal"), scale, b, e, out["o"].data());
+        cpu::AttentionRows(qv.data(), kv.data(), vv.data(), seq_lens.data(), sl.dim(0), q.dim(0), q.dim(1), k.dim(1),
+                           q.dim(2), r.b("causal"), scale, b, e, out["o"].data());
       });
     } else if (op == "attention_decode") {
       const HostTensor& q = r.in("q");

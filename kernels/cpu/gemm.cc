@@ -30,8 +30,8 @@ double Silu(double v) { return v / (1.0 + std::exp(-v)); }
 
 }  // namespace
 
-void Linear(const float* x, const float* weight, const float* bias, int64_t M, int64_t K, int64_t N,
-            Activation act, float* y) {
+void Linear(const float* x, const float* weight, const float* bias, int64_t M, int64_t K, int64_t N, Activation act,
+            float* y) {
   for (int64_t n = 0; n < N; ++n) {
     const float* w = weight + n * K;
     const double b = bias != nullptr ? bias[n] : 0.0;

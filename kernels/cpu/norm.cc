@@ -29,8 +29,8 @@ void RmsNorm(const float* x, const float* weight, int64_t M, int64_t H, float ep
   }
 }
 
-void AddRmsNorm(const float* x, const float* residual, const float* weight, int64_t M, int64_t H, float eps,
-                float* y, float* residual_out) {
+void AddRmsNorm(const float* x, const float* residual, const float* weight, int64_t M, int64_t H, float eps, float* y,
+                float* residual_out) {
   // The new residual is what the next layer adds to, so it is rounded to fp32
   // first and the norm is taken of exactly that stored value (as a kernel
   // that writes residual_out and normalises it would).

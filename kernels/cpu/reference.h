@@ -14,8 +14,8 @@ namespace fusedserve::cpu {
 void RmsNorm(const float* x, const float* weight, int64_t M, int64_t H, float eps, float* y);
 
 // residual_out = x + residual; y = RmsNorm(residual_out).   all [M,H]
-void AddRmsNorm(const float* x, const float* residual, const float* weight, int64_t M, int64_t H, float eps,
-                float* y, float* residual_out);
+void AddRmsNorm(const float* x, const float* residual, const float* weight, int64_t M, int64_t H, float eps, float* y,
+                float* residual_out);
 
 // y = silu(RmsNorm(x + residual)).   all [M,H]
 void AddRmsNormSilu(const float* x, const float* residual, const float* weight, int64_t M, int64_t H, float eps,
@@ -39,8 +39,8 @@ void Rope(const float* q, const float* k, const int64_t* positions, int64_t T, i
           double theta, float* q_out, float* k_out);
 
 // y = act(x . weight^T + bias).   x [M,K]; weight [N,K]; bias [N] or nullptr; y [M,N]
-void Linear(const float* x, const float* weight, const float* bias, int64_t M, int64_t K, int64_t N,
-            Activation act, float* y);
+void Linear(const float* x, const float* weight, const float* bias, int64_t M, int64_t K, int64_t N, Activation act,
+            float* y);
 
 // y = down(silu(x . gate^T) * (x . up^T)) where gate_up = [gate; up].
 // x [M,D]; gate_up [2I,D]; down [D,I]; y [M,D]
@@ -64,5 +64,9 @@ void AttentionRows(const float* q, const float* k, const float* v, const int64_t
 // q, o [B,Hq,D]; k_cache, v_cache [B,L,Hkv,D]; lengths [B] (1..L)
 void AttentionDecode(const float* q, const float* k_cache, const float* v_cache, const int64_t* lengths, int64_t B,
                      int64_t L, int64_t Hq, int64_t Hkv, int64_t D, float scale, float* o);
+
+// The greedy token: the lowest index of the largest logit; NaN counts as
+// lower than every number (the rule of the CUDA argmax, kernels/cuda/argmax.h).
+int32_t GreedyToken(const float* logits, int64_t vocab);
 
 }  // namespace fusedserve::cpu

@@ -17,10 +17,10 @@ namespace {
 
 struct ActArgs {
   ActParams p;
-  int64_t total;     // output vectors
-  int64_t vpr;       // output vectors per row (silu_and_mul)
-  FastDiv div_row;   // / vpr, for total < 2^31
-  bool wide;         // total >= 2^31: plain 64-bit division
+  int64_t total;            // output vectors
+  int64_t vpr;              // output vectors per row (silu_and_mul)
+  FastDiv div_row;          // / vpr, for total < 2^31
+  bool wide;                // total >= 2^31: plain 64-bit division
   int64_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their inputs (vector path)
 };
 
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(ActMaxThreads(kU)) ActKernel(const ActArgs a) 
         const int64_t col = idx - row * a.vpr;
         const T* gate = x + row * 2 * a.p.cols + col * kN;  // x[row, col*kN ...]
         g[k].Load(gate);
-        u[k].Load(gate + a.p.cols);                        // x[row, cols + col*kN ...]
+        u[k].Load(gate + a.p.cols);  // x[row, cols + col*kN ...]
       } else {
         g[k].Load(x + idx * kN);
       }
@@ -110,18 +110,24 @@ CudaStatus LaunchUnroll(ActArgs a, const ActConfig& c, cudaStream_t stream) {
   const dim3 block(static_cast<unsigned>(c.threads));
   a.prefetch_blocks = PrefetchBlocks(c.threads);
   switch (c.unroll) {
-    case 1: return LaunchKernel(ActKernel<T, kN, kKind, 1>, grid, block, 0, stream, 1, a);
-    case 2: return LaunchKernel(ActKernel<T, kN, kKind, 2>, grid, block, 0, stream, 1, a);
-    default: return LaunchKernel(ActKernel<T, kN, kKind, 4>, grid, block, 0, stream, 1, a);
+    case 1:
+      return LaunchKernel(ActKernel<T, kN, kKind, 1>, grid, block, 0, stream, 1, a);
+    case 2:
+      return LaunchKernel(ActKernel<T, kN, kKind, 2>, grid, block, 0, stream, 1, a);
+    default:
+      return LaunchKernel(ActKernel<T, kN, kKind, 4>, grid, block, 0, stream, 1, a);
   }
 }
 
 template <typename T, int kN>
 CudaStatus LaunchKind(const ActArgs& a, const ActConfig& c, cudaStream_t stream) {
   switch (a.p.kind) {
-    case ActKind::kSiluAndMul: return LaunchUnroll<T, kN, ActKind::kSiluAndMul>(a, c, stream);
-    case ActKind::kGeluErf: return LaunchUnroll<T, kN, ActKind::kGeluErf>(a, c, stream);
-    case ActKind::kGeluTanh: return LaunchUnroll<T, kN, ActKind::kGeluTanh>(a, c, stream);
+    case ActKind::kSiluAndMul:
+      return LaunchUnroll<T, kN, ActKind::kSiluAndMul>(a, c, stream);
+    case ActKind::kGeluErf:
+      return LaunchUnroll<T, kN, ActKind::kGeluErf>(a, c, stream);
+    case ActKind::kGeluTanh:
+      return LaunchUnroll<T, kN, ActKind::kGeluTanh>(a, c, stream);
   }
   return CudaStatus::Error("LaunchActivation: unknown kind");
 }

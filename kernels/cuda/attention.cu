@@ -34,11 +34,10 @@ namespace fusedserve {
 namespace {
 
 using cuda::FromFloat;  // shared dtype conversions (common.cuh)
-using cuda::Mma16816;  // tensor-core tile (common.cuh)
+using cuda::Mma16816;   // tensor-core tile (common.cuh)
 using cuda::ToFloat;
 
 constexpr float kLog2e = 1.4426950408889634f;
-
 
 __device__ __forceinline__ float FastExp2(float x) {
   float y;
@@ -60,10 +59,10 @@ __device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, i
 // ============================================================================
 
 struct FlashParams {
-  const void* q;  // [T,Hq,D]
-  const void* k;  // [T,Hkv,D]
-  const void* v;  // [T,Hkv,D]
-  void* o;        // [T,Hq,D]
+  const void* q;            // [T,Hq,D]
+  const void* k;            // [T,Hkv,D]
+  const void* v;            // [T,Hkv,D]
+  void* o;                  // [T,Hq,D]
   const int32_t* seq_lens;  // [B]
   int Hq, Hkv, group;       // group = Hq / Hkv
   float scale_log2;         // scale * log2(e)
@@ -72,9 +71,9 @@ struct FlashParams {
 
 template <typename T, int kHeadDim, int kWarps, int kMTiles>
 struct FlashTraits {
-  static constexpr int kWarpRows = 16 * kMTiles;       // query rows per warp
-  static constexpr int kBlockM = kWarps * kWarpRows;   // query rows per CTA
-  static constexpr int kBlockN = 64;                   // keys per tile
+  static constexpr int kWarpRows = 16 * kMTiles;      // query rows per warp
+  static constexpr int kBlockM = kWarps * kWarpRows;  // query rows per CTA
+  static constexpr int kBlockN = 64;                  // keys per tile
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   static constexpr int kQElems = kBlockM * kHeadDim;
@@ -120,7 +119,6 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                : "r"(addr));
 }
 
-
 template <typename T>
 __device__ __forceinline__ uint32_t Pack2(float lo, float hi);
 template <>
@@ -162,8 +160,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
   constexpr int kDSteps = kHeadDim / 16;  // k16 steps of Q K^T
   extern __shared__ uint4 smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + Tr::kQElems;            // 2 stages
-  T* sV = sK + 2 * Tr::kKVElems;       // 2 stages
+  T* sK = sQ + Tr::kQElems;       // 2 stages
+  T* sV = sK + 2 * Tr::kKVElems;  // 2 stages
 
   const int b = blockIdx.z, h = blockIdx.y;
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
@@ -178,9 +176,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
   const T* gV = static_cast<const T*>(p.v) + seq_start * kv_stride + kvh * kHeadDim;
   T* gO = static_cast<T*>(p.o) + seq_start * q_stride + h * kHeadDim;
 
-  const int n_blocks =
-      p.causal ? min((seqlen + kBlockN - 1) / kBlockN, ((m_block + 1) * kBlockM + kBlockN - 1) / kBlockN)
-               : (seqlen + kBlockN - 1) / kBlockN;
+  const int n_blocks = p.causal
+                           ? min((seqlen + kBlockN - 1) / kBlockN, ((m_block + 1) * kBlockM + kBlockN - 1) / kBlockN)
+                           : (seqlen + kBlockN - 1) / kBlockN;
 
   LoadTile<T, kBlockM, kChunks, Tr::kThreads>(sQ, gQ, q_stride, m_block * kBlockM, seqlen);
   LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sK, gK, kv_stride, 0, seqlen);
@@ -229,10 +227,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb & 1;
     if (nb + 1 < n_blocks) {
-      LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVElems, gK, kv_stride,
-                                                  (nb + 1) * kBlockN, seqlen);
-      LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVElems, gV, kv_stride,
-                                                  (nb + 1) * kBlockN, seqlen);
+      LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sK + (stage ^ 1) * Tr::kKVElems, gK, kv_stride, (nb + 1) * kBlockN,
+                                                  seqlen);
+      LoadTile<T, kBlockN, kChunks, Tr::kThreads>(sV + (stage ^ 1) * Tr::kKVElems, gV, kv_stride, (nb + 1) * kBlockN,
+                                                  seqlen);
       CpAsyncCommit();
     }
     const int key0 = nb * kBlockN;
@@ -378,13 +376,13 @@ template <typename T, int kHeadDim, int kWarps, int kMTiles>
 CudaStatus LaunchFlash(const AttentionArgs& a, cudaStream_t stream) {
   using Tr = FlashTraits<T, kHeadDim, kWarps, kMTiles>;
   auto kernel = FlashFwdKernel<T, kHeadDim, kWarps, kMTiles>;
-  if (CudaStatus s = FS_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  if (CudaStatus s =
+          FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
       !s.ok())
     return s;
   // All of L1 as shared memory, so two 96 KB CTAs fit on an SM.
-  if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                        cudaSharedmemCarveoutMaxShared));
+  if (CudaStatus s = FS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
       !s.ok())
     return s;
   FlashParams p{a.q, a.k, a.v, a.o, a.seq_lens, a.Hq, a.Hkv, a.Hq / a.Hkv, a.scale * kLog2e, a.causal};
@@ -419,12 +417,12 @@ struct SimtParams {
   const void* q;  // decode [B,Hq,D]; prefill [T,Hq,D]
   const void* k;  // decode [B,L,Hkv,D]; prefill [T,Hkv,D]
   const void* v;
-  void* o;                // like q
-  float* part_o;          // [Q,Hq,splits,D] unnormalized partial outputs (splits > 1)
-  float* part_ml;         // [Q,Hq,splits,2] (max in log2 units, sum)
-  const int32_t* lens;    // decode: lengths [B]; prefill: seq_lens [B]
-  int L;                  // decode: cache rows per sequence
-  int Hq, Hkv, group;     // group = Hq / Hkv
+  void* o;              // like q
+  float* part_o;        // [Q,Hq,splits,D] unnormalized partial outputs (splits > 1)
+  float* part_ml;       // [Q,Hq,splits,2] (max in log2 units, sum)
+  const int32_t* lens;  // decode: lengths [B]; prefill: seq_lens [B]
+  int L;                // decode: cache rows per sequence
+  int Hq, Hkv, group;   // group = Hq / Hkv
   int splits, keys_per_split;
   float scale_log2;
   bool prefill, causal;
@@ -452,8 +450,8 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
   static_assert(kSimtWarps * kG * (kHeadDim + 2) * 4 <= kSimtRingBytes, "merge buffer reuses the ring");
   extern __shared__ uint4 ring[];  // [warp][stage][K|V][u][lane] 16-byte slices
 
-  const int qi = blockIdx.z;          // query (decode: sequence; prefill: token)
-  const int h0 = blockIdx.y * kG;     // first q head; all kG share kv head h0 / group
+  const int qi = blockIdx.z;       // query (decode: sequence; prefill: token)
+  const int h0 = blockIdx.y * kG;  // first q head; all kG share kv head h0 / group
   const int kvh = h0 / p.group;
   const int split = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -476,10 +474,10 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
   const T* gK = static_cast<const T*>(p.k) + kv_row0 * kv_stride + kvh * kHeadDim + dl * kVec;
   const T* gV = static_cast<const T*>(p.v) + kv_row0 * kv_stride + kvh * kHeadDim + dl * kVec;
   uint4* my_ring = ring + warp * (kSimtStages * 2 * kU * 32) + lane;
-  const int n_tiles = key_begin + warp * kKeysPerIter < key_end
-                          ? (key_end - key_begin - warp * kKeysPerIter + kSimtWarps * kKeysPerIter - 1) /
-                                (kSimtWarps * kKeysPerIter)
-                          : 0;
+  const int n_tiles =
+      key_begin + warp * kKeysPerIter < key_end
+          ? (key_end - key_begin - warp * kKeysPerIter + kSimtWarps * kKeysPerIter - 1) / (kSimtWarps * kKeysPerIter)
+          : 0;
   // Issues the copies of this warp's tile `t` (keys t0 .. t0 + kKeysPerIter) into its stage.
   auto issue = [&](int t) {
     if (t < n_tiles) {
@@ -581,9 +579,8 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 4) SimtAttnKernel(SimtParams 
   // The combine kernel (if any) may start launching; it waits for this grid to finish.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   __syncthreads();  // every warp is done with its ring: reuse it for the merge
-  float (*s_o)[kG][kHeadDim] = reinterpret_cast<float (*)[kG][kHeadDim]>(ring);
-  float (*s_ml)[kG][2] = reinterpret_cast<float (*)[kG][2]>(reinterpret_cast<float*>(ring) +
-                                                            kSimtWarps * kG * kHeadDim);
+  float(*s_o)[kG][kHeadDim] = reinterpret_cast<float(*)[kG][kHeadDim]>(ring);
+  float(*s_ml)[kG][2] = reinterpret_cast<float(*)[kG][2]>(reinterpret_cast<float*>(ring) + kSimtWarps * kG * kHeadDim);
   // Merge the key slots of the warp (same max across the warp), then the warps.
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
@@ -637,11 +634,11 @@ constexpr int kCombineThreads = 128;
 // with programmatic dependent launch, so its launch overlaps the tail of the
 // split kernel; griddepcontrol.wait holds it until the partials are written.
 template <typename T>
-__global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(
-    const float* __restrict__ part_o,   // [rows,splits,D]
-    const float* __restrict__ part_ml,  // [rows,splits,2]
-    T* __restrict__ o,                  // [rows,D]
-    int splits, int D) {
+__global__ void __launch_bounds__(kCombineThreads)
+    CombineSplitsKernel(const float* __restrict__ part_o,   // [rows,splits,D]
+                        const float* __restrict__ part_ml,  // [rows,splits,2]
+                        T* __restrict__ o,                  // [rows,D]
+                        int splits, int D) {
   __shared__ float s_w[kMaxSplits];
   __shared__ float s_inv;
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -684,8 +681,8 @@ CudaStatus LaunchSimtHD(const SimtParams& p, int queries, int G, cudaStream_t st
   auto kernel = G == 4 ? SimtAttnKernel<T, kHeadDim, 4>
                        : (G == 2 ? SimtAttnKernel<T, kHeadDim, 2> : SimtAttnKernel<T, kHeadDim, 1>);
   // Four 48 KB rings per SM: ask for the whole L1 as shared memory.
-  if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                        cudaSharedmemCarveoutMaxShared));
+  if (CudaStatus s = FS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
       !s.ok())
     return s;
   kernel<<<grid, block, kSimtRingBytes, stream>>>(p);
@@ -717,10 +714,14 @@ CudaStatus LaunchSimtDtype(const SimtParams& p, int D, int queries, cudaStream_t
 CudaStatus LaunchSimt(DType dtype, const SimtParams& p, int D, int queries, cudaStream_t stream) {
   if (queries > 65535) return CudaStatus::Error("attention: more than 65535 queries in one launch");
   switch (dtype) {
-    case DType::kBF16: return LaunchSimtDtype<__nv_bfloat16>(p, D, queries, stream);
-    case DType::kF16: return LaunchSimtDtype<__half>(p, D, queries, stream);
-    case DType::kF32: return LaunchSimtDtype<float>(p, D, queries, stream);
-    default: return CudaStatus::Error("attention: unsupported dtype");
+    case DType::kBF16:
+      return LaunchSimtDtype<__nv_bfloat16>(p, D, queries, stream);
+    case DType::kF16:
+      return LaunchSimtDtype<__half>(p, D, queries, stream);
+    case DType::kF32:
+      return LaunchSimtDtype<float>(p, D, queries, stream);
+    default:
+      return CudaStatus::Error("attention: unsupported dtype");
   }
 }
 
@@ -748,14 +749,17 @@ CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, int warps
   }
   if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
   switch (a.dtype) {
-    case DType::kBF16: return LaunchFlashDtype<__nv_bfloat16>(a, block_m, warps, stream);
-    case DType::kF16: return LaunchFlashDtype<__half>(a, block_m, warps, stream);
+    case DType::kBF16:
+      return LaunchFlashDtype<__nv_bfloat16>(a, block_m, warps, stream);
+    case DType::kF16:
+      return LaunchFlashDtype<__half>(a, block_m, warps, stream);
     case DType::kF32: {
-      SimtParams p{a.q, a.k, a.v, a.o, nullptr, nullptr, a.seq_lens, 0, a.Hq, a.Hkv, a.Hq / a.Hkv,
-                   1, a.max_seqlen, a.scale * kLog2e, true, a.causal};
+      SimtParams p{a.q,  a.k,   a.v,          a.o, nullptr,      nullptr,          a.seq_lens, 0,
+                   a.Hq, a.Hkv, a.Hq / a.Hkv, 1,   a.max_seqlen, a.scale * kLog2e, true,       a.causal};
       return LaunchSimt(a.dtype, p, a.D, a.T, stream);
     }
-    default: return CudaStatus::Error("attention: unsupported dtype");
+    default:
+      return CudaStatus::Error("attention: unsupported dtype");
   }
 }
 
@@ -799,8 +803,8 @@ CudaStatus LaunchAttentionDecode(const DecodeArgs& a, int splits, void* workspac
   splits = a.L <= 0 ? 1 : (a.L + keys_per_split - 1) / keys_per_split;
   float* part_o = static_cast<float*>(workspace);
   float* part_ml = part_o == nullptr ? nullptr : part_o + static_cast<size_t>(a.B) * a.Hq * splits * a.D;
-  SimtParams p{a.q, a.k_cache, a.v_cache, a.o, part_o, part_ml, a.lengths, a.L, a.Hq, a.Hkv, a.Hq / a.Hkv,
-               splits, keys_per_split, a.scale * kLog2e, false, false};
+  SimtParams p{a.q,  a.k_cache, a.v_cache,    a.o,    part_o,         part_ml,          a.lengths, a.L,
+               a.Hq, a.Hkv,     a.Hq / a.Hkv, splits, keys_per_split, a.scale * kLog2e, false,     false};
   return LaunchSimt(a.dtype, p, a.D, a.B, stream);
 }
 

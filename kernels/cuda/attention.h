@@ -20,10 +20,10 @@ namespace fusedserve {
 
 struct AttentionArgs {
   DType dtype = DType::kBF16;
-  const void* q = nullptr;         // [T,Hq,D]
-  const void* k = nullptr;         // [T,Hkv,D]
-  const void* v = nullptr;         // [T,Hkv,D]
-  void* o = nullptr;               // [T,Hq,D]
+  const void* q = nullptr;            // [T,Hq,D]
+  const void* k = nullptr;            // [T,Hkv,D]
+  const void* v = nullptr;            // [T,Hkv,D]
+  void* o = nullptr;                  // [T,Hq,D]
   const int32_t* seq_lens = nullptr;  // [B] on the device, sums to T
   int B = 0, T = 0;
   int max_seqlen = 0;  // max over seq_lens (the host knows it)
@@ -47,10 +47,10 @@ CudaStatus LaunchAttentionPrefill(const AttentionArgs& args, int block_m, int wa
 
 struct DecodeArgs {
   DType dtype = DType::kBF16;
-  const void* q = nullptr;        // [B,Hq,D]
-  const void* k_cache = nullptr;  // [B,L,Hkv,D]
-  const void* v_cache = nullptr;  // [B,L,Hkv,D]
-  void* o = nullptr;              // [B,Hq,D]
+  const void* q = nullptr;           // [B,Hq,D]
+  const void* k_cache = nullptr;     // [B,L,Hkv,D]
+  const void* v_cache = nullptr;     // [B,L,Hkv,D]
+  void* o = nullptr;                 // [B,Hq,D]
   const int32_t* lengths = nullptr;  // [B] on the device, 0..L
   int B = 0, L = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0.0f;

@@ -31,11 +31,17 @@ __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162fl
 template <typename T>
 __device__ __forceinline__ T FromFloat(float x);
 template <>
-__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 // Elements per 16-byte access: 8 for bf16/fp16, 4 for fp32.
 template <typename T>
@@ -135,9 +141,7 @@ struct Sum2Op {
   static __device__ __forceinline__ float2 Identity() { return {0.0f, 0.0f}; }
 };
 
-__device__ __forceinline__ float ShflXor(float v, int lane_mask) {
-  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
-}
+__device__ __forceinline__ float ShflXor(float v, int lane_mask) { return __shfl_xor_sync(0xffffffffu, v, lane_mask); }
 __device__ __forceinline__ MaxSum ShflXor(MaxSum v, int lane_mask) {
   return {__shfl_xor_sync(0xffffffffu, v.m, lane_mask), __shfl_xor_sync(0xffffffffu, v.s, lane_mask)};
 }
@@ -247,8 +251,7 @@ __device__ __forceinline__ void PdlEnter() {
 __device__ __forceinline__ void PrefetchL2(const void* p, int64_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (bytes > 0) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(static_cast<uint32_t>(bytes))
-                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(static_cast<uint32_t>(bytes)) : "memory");
   }
 #endif
 }
@@ -269,8 +272,8 @@ inline int64_t PrefetchBlocks(int block_threads) {
   if (!PdlEnabled()) return 0;
   static const int sms = [] {
     int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
-                                                  cudaSuccess) {
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
       cudaGetLastError();
       return 132;
     }
@@ -316,8 +319,7 @@ CudaStatus ResidentBlocks(Kernel kernel, int threads, int64_t* blocks) {
   if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
   if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
     return s;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-      !s.ok())
+  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0)); !s.ok())
     return s;
   *blocks = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
   return CudaStatus::Ok();
@@ -348,10 +350,17 @@ struct FastDiv {
 template <typename F>
 inline bool DispatchFloatType(DType dt, F&& f) {
   switch (dt) {
-    case DType::kF32: f(float{}); return true;
-    case DType::kF16: f(__half{}); return true;
-    case DType::kBF16: f(__nv_bfloat16{}); return true;
-    default: return false;
+    case DType::kF32:
+      f(float{});
+      return true;
+    case DType::kF16:
+      f(__half{});
+      return true;
+    case DType::kBF16:
+      f(__nv_bfloat16{});
+      return true;
+    default:
+      return false;
   }
 }
 

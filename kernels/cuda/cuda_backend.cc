@@ -64,7 +64,6 @@ class PinnedBuffer {
   size_t size_ = 0;
 };
 
-
 class CudaBackend : public Backend {
  public:
   CudaBackend(int device, std::string name, int sm_count, cudaStream_t stream, ConfigLookup config)
@@ -184,8 +183,8 @@ absl::Status CudaToAbsl(const CudaStatus& s, const std::string& what) {
 DeviceTensor DeviceInput(const OpRequest& r, const std::string& name) {
   const HostTensor& host = r.in(name);
   const OpSpec* spec = FindOpSpec(r.op);
-  const bool index = spec != nullptr && std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) !=
-                                            spec->index_inputs.end();
+  const bool index = spec != nullptr &&
+                     std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) != spec->index_inputs.end();
   return DeviceTensor{index ? DType::kI32 : host.dtype, host.shape, nullptr};
 }
 

@@ -16,7 +16,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/mlp.h"
+#include "kernels/cuda/gemv.h"
 
 namespace fusedserve {
 namespace {

@@ -18,8 +18,7 @@ namespace {
 enum class Family { kNone, kNorm, kSoftmax, kActivation, kRope };
 
 Family FamilyOf(const std::string& op) {
-  if (op == "rms_norm" || op == "add_rms_norm" || op == "add_rms_norm_silu" || op == "layer_norm")
-    return Family::kNorm;
+  if (op == "rms_norm" || op == "add_rms_norm" || op == "add_rms_norm_silu" || op == "layer_norm") return Family::kNorm;
   if (op == "softmax") return Family::kSoftmax;
   if (op == "silu_and_mul" || op == "gelu") return Family::kActivation;
   if (op == "rope") return Family::kRope;
@@ -176,8 +175,7 @@ std::vector<std::string> MemoryBoundCandidates(const std::string& op, DType dtyp
       break;
     case Family::kSoftmax:
       if (key.size() < 2) break;
-      for (const auto& c : cuda::SoftmaxCandidates(dtype, key[0], key[1]))
-        out.push_back(cuda::FormatSoftmaxConfig(c));
+      for (const auto& c : cuda::SoftmaxCandidates(dtype, key[0], key[1])) out.push_back(cuda::FormatSoftmaxConfig(c));
       break;
     case Family::kActivation: {
       if (key.size() < 2) break;

@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/cuda/mlp.h"
+#include "kernels/cuda/gemv.h"
 
 namespace fusedserve {
 namespace {
@@ -31,9 +31,12 @@ CudaStatus CheckLt(cublasStatus_t st, const char* expr, const char* file, int li
 
 cudaDataType_t LtType(DType t) {
   switch (t) {
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kBF16: return CUDA_R_16BF;
-    default: return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
   }
 }
 
@@ -103,22 +106,22 @@ class LtContext {
     void* workspace = nullptr;
   };
 
-  static CudaStatus Build(cublasLtHandle_t handle, DType dtype, int64_t M, int64_t N, int64_t K,
-                          cublasLtEpilogue_t epi, Plan* p) {
+  static CudaStatus Build(cublasLtHandle_t handle, DType dtype, int64_t M, int64_t N, int64_t K, cublasLtEpilogue_t epi,
+                          Plan* p) {
     const cudaDataType_t t = LtType(dtype);
     if (CudaStatus s = FS_LT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)); !s.ok())
       return s;
     const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-    if (CudaStatus s = FS_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT,
-                                                                  sizeof(opT)));
+    if (CudaStatus s =
+            FS_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
         !s.ok())
       return s;
-    if (CudaStatus s = FS_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN,
-                                                                  sizeof(opN)));
+    if (CudaStatus s =
+            FS_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
         !s.ok())
       return s;
-    if (CudaStatus s = FS_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                                  sizeof(epi)));
+    if (CudaStatus s =
+            FS_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
         !s.ok())
       return s;
     // A = w stored column-major [K,N] (ld K), B = x column-major [K,M] (ld K),
@@ -142,8 +145,8 @@ class LtContext {
     p->algos.resize(s.ok() ? found : 0);
     if (!s.ok()) return s;
     if (found == 0) {
-      return CudaStatus::Error("cuBLASLt offers no algorithm for " + std::string(DTypeName(dtype)) + " GEMM M=" +
-                               std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+      return CudaStatus::Error("cuBLASLt offers no algorithm for " + std::string(DTypeName(dtype)) +
+                               " GEMM M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
                                " (row strides must suit its alignment rules)");
     }
     return CudaStatus::Ok();
@@ -187,17 +190,17 @@ CudaStatus GemmForward(const GemmArgs& g, int algo_index, cudaStream_t stream) {
     // The descriptor is shared by every call of this shape; the pointer is
     // per call. Setting it is a host-side store, and calls on one device are
     // serialized by the backend's lock.
-    if (CudaStatus s = FS_LT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                                  &g.bias, sizeof(g.bias)));
+    if (CudaStatus s = FS_LT_CHECK(
+            cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
         !s.ok())
       return s;
   }
   const int n = static_cast<int>(plan->algos.size());
   const int idx = algo_index < 0 ? 0 : (algo_index >= n ? n - 1 : algo_index);
   const float alpha = 1.0f, beta = 0.0f;
-  if (CudaStatus s = FS_LT_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, g.w, plan->a, g.x, plan->b, &beta, g.y,
-                                                plan->d, g.y, plan->d, &plan->algos[idx].algo, workspace,
-                                                kWorkspaceBytes, stream));
+  if (CudaStatus s =
+          FS_LT_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, g.w, plan->a, g.x, plan->b, &beta, g.y, plan->d, g.y,
+                                     plan->d, &plan->algos[idx].algo, workspace, kWorkspaceBytes, stream));
       !s.ok())
     return s;
   if (g.act == Activation::kSilu || g.act == Activation::kGeluErf) {

@@ -5,7 +5,7 @@
 // Epilogues: bias and tanh-GELU run inside cuBLASLt while the accumulator is
 // on chip (CUBLASLT_EPILOGUE_BIAS / GELU / GELU_BIAS). cuBLASLt has no SiLU
 // and no erf-GELU epilogue: those run as one in-place elementwise pass after
-// the GEMM (mlp.cu). Plain C++ header: no cuBLAS types leak out.
+// the GEMM (gemv.cu). Plain C++ header: no cuBLAS types leak out.
 #pragma once
 
 #include <cuda_runtime.h>

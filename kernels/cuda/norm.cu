@@ -36,7 +36,7 @@ constexpr int NormMaxThreads(int bucket) { return bucket == 8 ? 512 : 1024; }
 
 struct NormArgs {
   NormParams p;
-  int tpr;                  // threads per row
+  int tpr;  // threads per row
   int rows_per_block;
   int64_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their rows (vector path)
 };
@@ -86,11 +86,11 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
   const int64_t H = p.hidden;
   const int nv = static_cast<int>(H / kN);
   const int64_t off = active ? row * H : 0;
-  const T* x = static_cast<const T*>(p.x) + off;                             // [H]
+  const T* x = static_cast<const T*>(p.x) + off;                            // [H]
   const T* res = kAdd ? static_cast<const T*>(p.residual) + off : nullptr;  // [H]
   T* y = static_cast<T*>(p.y) + off;                                        // [H]
   T* res_out = kKind == NormKind::kAddRms ? static_cast<T*>(p.residual_out) + off : nullptr;
-  const T* w = static_cast<const T*>(p.weight);                 // [H]
+  const T* w = static_cast<const T*>(p.weight);                   // [H]
   const T* b = kLayer ? static_cast<const T*>(p.bias) : nullptr;  // [H]
   const float inv_h = 1.0f / static_cast<float>(H);
   if constexpr (kN > 1) {
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
 
   // x (+ residual) of vector j as fp32. The sum is rounded to T first: it is
   // the residual_out the caller gets, and y is the norm of that tensor.
-  auto combine = [&](Vec<T, kN>& v, const Vec<T, kN>& r, int j, bool store_residual, float (&f)[kN]) {
+  auto combine = [&](Vec<T, kN>& v, const Vec<T, kN>& r, int j, bool store_residual, float(&f)[kN]) {
     if constexpr (kAdd) {
       float g[kN];
       v.ToFloats(f);
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(NormMaxThreads(kIters)) NormKernel(const NormA
   // rms_norm: the sum of squares.
   float shift = 0.0f;
   float acc = 0.0f, acc2 = 0.0f;
-  auto accumulate = [&](const float (&f)[kN]) {
+  auto accumulate = [&](const float(&f)[kN]) {
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       if constexpr (kLayer) {
@@ -295,11 +295,16 @@ CudaStatus LaunchBucket(const NormArgs& a, int bucket, cudaStream_t stream) {
     return bucket == 0 ? LaunchTyped<T, kN, kKind, 0>(a, stream) : LaunchTyped<T, kN, kKind, 8>(a, stream);
   } else {
     switch (bucket) {
-      case 1: return LaunchTyped<T, kN, kKind, 1>(a, stream);
-      case 2: return LaunchTyped<T, kN, kKind, 2>(a, stream);
-      case 4: return LaunchTyped<T, kN, kKind, 4>(a, stream);
-      case 8: return LaunchTyped<T, kN, kKind, 8>(a, stream);
-      default: return LaunchTyped<T, kN, kKind, 0>(a, stream);
+      case 1:
+        return LaunchTyped<T, kN, kKind, 1>(a, stream);
+      case 2:
+        return LaunchTyped<T, kN, kKind, 2>(a, stream);
+      case 4:
+        return LaunchTyped<T, kN, kKind, 4>(a, stream);
+      case 8:
+        return LaunchTyped<T, kN, kKind, 8>(a, stream);
+      default:
+        return LaunchTyped<T, kN, kKind, 0>(a, stream);
     }
   }
 }
@@ -307,10 +312,14 @@ CudaStatus LaunchBucket(const NormArgs& a, int bucket, cudaStream_t stream) {
 template <typename T, int kN>
 CudaStatus LaunchKind(const NormArgs& a, int bucket, cudaStream_t stream) {
   switch (a.p.kind) {
-    case NormKind::kRms: return LaunchBucket<T, kN, NormKind::kRms>(a, bucket, stream);
-    case NormKind::kAddRms: return LaunchBucket<T, kN, NormKind::kAddRms>(a, bucket, stream);
-    case NormKind::kAddRmsSilu: return LaunchBucket<T, kN, NormKind::kAddRmsSilu>(a, bucket, stream);
-    case NormKind::kLayer: return LaunchBucket<T, kN, NormKind::kLayer>(a, bucket, stream);
+    case NormKind::kRms:
+      return LaunchBucket<T, kN, NormKind::kRms>(a, bucket, stream);
+    case NormKind::kAddRms:
+      return LaunchBucket<T, kN, NormKind::kAddRms>(a, bucket, stream);
+    case NormKind::kAddRmsSilu:
+      return LaunchBucket<T, kN, NormKind::kAddRmsSilu>(a, bucket, stream);
+    case NormKind::kLayer:
+      return LaunchBucket<T, kN, NormKind::kLayer>(a, bucket, stream);
   }
   return CudaStatus::Error("LaunchNorm: unknown kind");
 }
@@ -369,14 +378,13 @@ CudaStatus LaunchNorm(const NormParams& p, const NormConfig& config, cudaStream_
   if (p.hidden > 0x7fffffff) return CudaStatus::Error("LaunchNorm: hidden size too large");
   const bool add = p.kind == NormKind::kAddRms || p.kind == NormKind::kAddRmsSilu;
   if (p.x == nullptr || p.weight == nullptr || p.y == nullptr || (add && p.residual == nullptr) ||
-      (p.kind == NormKind::kAddRms && p.residual_out == nullptr) ||
-      (p.kind == NormKind::kLayer && p.bias == nullptr)) {
+      (p.kind == NormKind::kAddRms && p.residual_out == nullptr) || (p.kind == NormKind::kLayer && p.bias == nullptr)) {
     return CudaStatus::Error("LaunchNorm: missing tensor");
   }
   const int vec = static_cast<int>(16 / DTypeSize(p.dtype));
   bool scalar = p.hidden % vec != 0;
-  for (const void* ptr : {p.x, p.residual, p.weight, p.bias, static_cast<const void*>(p.y),
-                          static_cast<const void*>(p.residual_out)}) {
+  for (const void* ptr :
+       {p.x, p.residual, p.weight, p.bias, static_cast<const void*>(p.y), static_cast<const void*>(p.residual_out)}) {
     if (ptr != nullptr && !Aligned16(ptr)) scalar = true;
   }
   const int64_t nv = scalar ? p.hidden : p.hidden / vec;

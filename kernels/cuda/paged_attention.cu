@@ -14,7 +14,7 @@
 //                        last CTA of a (row, kv head) to finish merges the
 //                        splits' (max, sum, acc): no combine kernel.
 // The CPU reference of all of them is the CPU model runner
-// (server/model_cpu_runner.cc); tests/gpu/model_cuda_test.cc compares the two.
+// (model/cpu_runner.cc); tests/gpu/model_cuda_test.cc compares the two.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -30,8 +30,7 @@ constexpr int kThreads = 128;
 constexpr int kMaxGroup = 8;  // query heads per kv head held in registers
 constexpr float kLog2e = 1.4426950408889634f;
 
-__global__ void GatherRowsKernel(const uint8_t* src, const int32_t* idx, int64_t row_bytes, bool vec16,
-                                 uint8_t* dst) {
+__global__ void GatherRowsKernel(const uint8_t* src, const int32_t* idx, int64_t row_bytes, bool vec16, uint8_t* dst) {
   PdlEnter();
   const int64_t i = blockIdx.x;
   const uint8_t* s = src + static_cast<int64_t>(idx[i]) * row_bytes;
@@ -363,10 +362,18 @@ CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void*
   DispatchFloatType(p.dtype, [&](auto t) {
     using T = decltype(t);
     switch (p.D) {
-      case 16: st = LaunchPagedGroups<T, 16>(p, splits, workspace, stream); break;
-      case 32: st = LaunchPagedGroups<T, 32>(p, splits, workspace, stream); break;
-      case 64: st = LaunchPagedGroups<T, 64>(p, splits, workspace, stream); break;
-      default: st = LaunchPagedGroups<T, 128>(p, splits, workspace, stream); break;
+      case 16:
+        st = LaunchPagedGroups<T, 16>(p, splits, workspace, stream);
+        break;
+      case 32:
+        st = LaunchPagedGroups<T, 32>(p, splits, workspace, stream);
+        break;
+      case 64:
+        st = LaunchPagedGroups<T, 64>(p, splits, workspace, stream);
+        break;
+      default:
+        st = LaunchPagedGroups<T, 128>(p, splits, workspace, stream);
+        break;
     }
   });
   return st;

@@ -47,13 +47,13 @@ CudaStatus LaunchRopeKvWrite(const RopeKvParams& p, cudaStream_t stream);
 
 struct PagedAttentionParams {
   DType dtype = DType::kBF16;
-  const void* q = nullptr;              // [T, Hq, D]
-  void* o = nullptr;                    // [T, Hq, D]; only the rows named in `rows` are written
-  const void* k_cache = nullptr;        // [slots, Hkv, D] (one layer)
-  const void* v_cache = nullptr;        // [slots, Hkv, D]
-  const int32_t* rows = nullptr;        // [R] token index (into q/o) of each query row
-  const int32_t* row_seq = nullptr;     // [R] sequence (block table row) of each query row
-  const int32_t* ctx_lens = nullptr;    // [R] keys [0, ctx) are attended (causal: position + 1)
+  const void* q = nullptr;                // [T, Hq, D]
+  void* o = nullptr;                      // [T, Hq, D]; only the rows named in `rows` are written
+  const void* k_cache = nullptr;          // [slots, Hkv, D] (one layer)
+  const void* v_cache = nullptr;          // [slots, Hkv, D]
+  const int32_t* rows = nullptr;          // [R] token index (into q/o) of each query row
+  const int32_t* row_seq = nullptr;       // [R] sequence (block table row) of each query row
+  const int32_t* ctx_lens = nullptr;      // [R] keys [0, ctx) are attended (causal: position + 1)
   const int32_t* block_tables = nullptr;  // [seqs, bt_stride] block ids
   int bt_stride = 0;
   // When set, the stride is read on the device instead (a CUDA graph replays

@@ -39,7 +39,7 @@ struct RopeArgs {
   FastDiv div_head;     // / units_per_head
   double ratio;         // theta^(-2/D): inv_freq[i + 1] = inv_freq[i] * ratio
   double log2_theta;
-  double base[kMaxBases];  // inv_freq[c * kN] = theta^(-2 c kN / D)
+  double base[kMaxBases];   // inv_freq[c * kN] = theta^(-2 c kN / D)
   int64_t prefetch_blocks;  // blocks [0, prefetch_blocks) prefetch their tokens' q and k (vector path)
 };
 
@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(RopeMaxThreads(kU)) RopeKernel(const RopeArgs 
   for (int k = 0; k < kU; ++k) {
     const int64_t u = first + static_cast<int64_t>(k) * blockDim.x;
     if (u < a.total) {
-      double inv_freq = c[k] < kMaxBases ? a.base[c[k]]
-                                         : exp2(-2.0 * static_cast<double>(c[k]) * kN / D * a.log2_theta);
+      double inv_freq =
+          c[k] < kMaxBases ? a.base[c[k]] : exp2(-2.0 * static_cast<double>(c[k]) * kN / D * a.log2_theta);
       const double pd = static_cast<double>(pos[k]);
       float f1[kN], f2[kN], o1[kN], o2[kN];
       x1[k].ToFloats(f1);
@@ -147,9 +147,12 @@ CudaStatus LaunchTyped(RopeArgs a, const RopeConfig& c, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(CeilDiv(a.total, static_cast<int64_t>(c.threads) * c.unroll)));
   const dim3 block(static_cast<unsigned>(c.threads));
   switch (c.unroll) {
-    case 1: return LaunchKernel(RopeKernel<T, kN, 1>, grid, block, 0, stream, 1, a);
-    case 2: return LaunchKernel(RopeKernel<T, kN, 2>, grid, block, 0, stream, 1, a);
-    default: return LaunchKernel(RopeKernel<T, kN, 4>, grid, block, 0, stream, 1, a);
+    case 1:
+      return LaunchKernel(RopeKernel<T, kN, 1>, grid, block, 0, stream, 1, a);
+    case 2:
+      return LaunchKernel(RopeKernel<T, kN, 2>, grid, block, 0, stream, 1, a);
+    default:
+      return LaunchKernel(RopeKernel<T, kN, 4>, grid, block, 0, stream, 1, a);
   }
 }
 
@@ -183,8 +186,8 @@ CudaStatus LaunchRope(const RopeParams& p, const RopeConfig& config, cudaStream_
     return CudaStatus::Error("LaunchRope: missing tensor");
   if ((p.heads_q + p.heads_kv) * p.head_dim > 0x7fffffff) return CudaStatus::Error("LaunchRope: token too large");
   const int64_t half = p.head_dim / 2;
-  const bool scalar = VecFor(p.dtype, half) == 1 || !Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.q_out) ||
-                      !Aligned16(p.k_out);
+  const bool scalar =
+      VecFor(p.dtype, half) == 1 || !Aligned16(p.q) || !Aligned16(p.k) || !Aligned16(p.q_out) || !Aligned16(p.k_out);
   const int vec = scalar ? 1 : VecFor(p.dtype, half);
   RopeArgs a{};
   a.p = p;

@@ -16,15 +16,15 @@ namespace fusedserve::cuda {
 
 struct RopeParams {
   DType dtype = DType::kBF16;
-  const void* q = nullptr;              // [tokens, heads_q, head_dim]
-  const void* k = nullptr;              // [tokens, heads_kv, head_dim]
-  const int32_t* positions = nullptr;   // [tokens]
-  void* q_out = nullptr;                // [tokens, heads_q, head_dim]
-  void* k_out = nullptr;                // [tokens, heads_kv, head_dim]
+  const void* q = nullptr;             // [tokens, heads_q, head_dim]
+  const void* k = nullptr;             // [tokens, heads_kv, head_dim]
+  const int32_t* positions = nullptr;  // [tokens]
+  void* q_out = nullptr;               // [tokens, heads_q, head_dim]
+  void* k_out = nullptr;               // [tokens, heads_kv, head_dim]
   int64_t tokens = 0;
   int64_t heads_q = 0;
   int64_t heads_kv = 0;
-  int64_t head_dim = 0;                 // even
+  int64_t head_dim = 0;  // even
   double theta = 500000.0;
 };
 

@@ -170,9 +170,12 @@ CudaStatus LaunchTyped(const SkinnyParams& p, cudaStream_t stream) {
 template <bool kSwiglu>
 CudaStatus LaunchDtype(DType dtype, const SkinnyParams& p, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kBF16: return LaunchTyped<__nv_bfloat16, kSwiglu>(p, stream);
-    case DType::kF16: return LaunchTyped<__half, kSwiglu>(p, stream);
-    default: return CudaStatus::Unsupported("skinny GEMM: bf16/fp16 only");
+    case DType::kBF16:
+      return LaunchTyped<__nv_bfloat16, kSwiglu>(p, stream);
+    case DType::kF16:
+      return LaunchTyped<__half, kSwiglu>(p, stream);
+    default:
+      return CudaStatus::Unsupported("skinny GEMM: bf16/fp16 only");
   }
 }
 
@@ -189,8 +192,8 @@ CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const 
   return LaunchDtype<false>(dtype, SkinnyParams{x, w, y, M, N, K}, stream);
 }
 
-CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
-                              void* h, cudaStream_t stream) {
+CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                              cudaStream_t stream) {
   if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up)) {
     return CudaStatus::Unsupported("skinny SwiGLU: unsupported problem");
   }

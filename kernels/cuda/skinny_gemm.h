@@ -30,7 +30,7 @@ CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const 
 
 // h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up].
 //   x [M,D]; gate_up [2I,D]; h [M,I]   (SkinnyGemmSupported(dtype, M, I, D, ...))
-CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
-                              void* h, cudaStream_t stream);
+CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                              cudaStream_t stream);
 
 }  // namespace fusedserve

@@ -244,8 +244,7 @@ SoftmaxConfig DefaultFor(int64_t rows, int64_t nv, bool scalar) {
   }
   if (out.cluster == 1 && out.threads_per_row < 128) {
     out.rows_per_block = 128 / out.threads_per_row;
-    while (out.rows_per_block > 1 && out.rows_per_block / 2 >= rows &&
-           out.threads_per_row * out.rows_per_block > 32)
+    while (out.rows_per_block > 1 && out.rows_per_block / 2 >= rows && out.threads_per_row * out.rows_per_block > 32)
       out.rows_per_block /= 2;
   }
   return out;
@@ -317,11 +316,16 @@ CudaStatus LaunchBucket(const SoftmaxArgs& a, int bucket, cudaStream_t stream, b
                        : LaunchTyped<T, kN, 8>(a, stream, unschedulable);
   } else {
     switch (bucket) {
-      case 1: return LaunchTyped<T, kN, 1>(a, stream, unschedulable);
-      case 2: return LaunchTyped<T, kN, 2>(a, stream, unschedulable);
-      case 4: return LaunchTyped<T, kN, 4>(a, stream, unschedulable);
-      case 8: return LaunchTyped<T, kN, 8>(a, stream, unschedulable);
-      default: return LaunchTyped<T, kN, 0>(a, stream, unschedulable);
+      case 1:
+        return LaunchTyped<T, kN, 1>(a, stream, unschedulable);
+      case 2:
+        return LaunchTyped<T, kN, 2>(a, stream, unschedulable);
+      case 4:
+        return LaunchTyped<T, kN, 4>(a, stream, unschedulable);
+      case 8:
+        return LaunchTyped<T, kN, 8>(a, stream, unschedulable);
+      default:
+        return LaunchTyped<T, kN, 0>(a, stream, unschedulable);
     }
   }
 }

@@ -7,7 +7,6 @@
 #include <fstream>
 
 #include "google/protobuf/stubs/logging.h"
-
 #include "tests/fuzz/fuzz_common.h"
 
 namespace {

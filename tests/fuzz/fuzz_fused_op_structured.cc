@@ -9,8 +9,8 @@
 
 #include <array>
 #include <cmath>
-#include <iterator>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "tests/fuzz/fuzz_common.h"
@@ -23,30 +23,42 @@ int64_t SmallDim(FuzzedDataProvider& in) { return in.ConsumeIntegralInRange<int6
 // A dimension as a hostile client might send it.
 int64_t AnyDim(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange(0, 7)) {
-    case 0: return 0;
-    case 1: return -in.ConsumeIntegralInRange<int64_t>(1, 3);
-    case 2: return std::numeric_limits<int64_t>::max();
-    case 3: return int64_t{1} << in.ConsumeIntegralInRange(20, 62);
-    case 4: return int64_t{1} << in.ConsumeIntegralInRange(8, 22);  // realistic large sizes
-    default: return SmallDim(in);
+    case 0:
+      return 0;
+    case 1:
+      return -in.ConsumeIntegralInRange<int64_t>(1, 3);
+    case 2:
+      return std::numeric_limits<int64_t>::max();
+    case 3:
+      return int64_t{1} << in.ConsumeIntegralInRange(20, 62);
+    case 4:
+      return int64_t{1} << in.ConsumeIntegralInRange(8, 22);  // realistic large sizes
+    default:
+      return SmallDim(in);
   }
 }
 
 double AnyDouble(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange(0, 6)) {
-    case 0: return std::nan("");
-    case 1: return INFINITY;
-    case 2: return -INFINITY;
-    case 3: return 0.0;
-    case 4: return -in.ConsumeFloatingPoint<double>();
-    default: return in.ConsumeFloatingPoint<double>();
+    case 0:
+      return std::nan("");
+    case 1:
+      return INFINITY;
+    case 2:
+      return -INFINITY;
+    case 3:
+      return 0.0;
+    case 4:
+      return -in.ConsumeFloatingPoint<double>();
+    default:
+      return in.ConsumeFloatingPoint<double>();
   }
 }
 
 void Mutate(FuzzedDataProvider& in, v1::FusedOpRequest& p) {
-  static const char* kNames[] = {"x", "weight", "residual", "bias", "q", "k", "v", "positions", "seq_lens",
-                                 "lengths", "k_cache", "v_cache", "gate_up", "down", "eps", "theta", "scale",
-                                 "causal", "approximate", "activation", ""};
+  static const char* kNames[] = {"x",         "weight",   "residual", "bias",    "q",           "k",          "v",
+                                 "positions", "seq_lens", "lengths",  "k_cache", "v_cache",     "gate_up",    "down",
+                                 "eps",       "theta",    "scale",    "causal",  "approximate", "activation", ""};
   auto name = [&] { return std::string(kNames[in.ConsumeIntegralInRange<size_t>(0, std::size(kNames) - 1)]); };
   auto tensor = [&]() -> v1::Tensor* {
     if (p.inputs().empty()) return nullptr;
@@ -64,9 +76,8 @@ void Mutate(FuzzedDataProvider& in, v1::FusedOpRequest& p) {
       if (d < 1 || d > (int64_t{1} << 22) || n * d > (int64_t{1} << 22)) return;
       n *= d;
     }
-    const int size = t->dtype() == v1::I64 || t->dtype() == v1::F32 || t->dtype() == v1::I32
-                         ? (t->dtype() == v1::I64 ? 8 : 4)
-                         : 2;
+    const int size =
+        t->dtype() == v1::I64 || t->dtype() == v1::F32 || t->dtype() == v1::I32 ? (t->dtype() == v1::I64 ? 8 : 4) : 2;
     t->mutable_data()->resize(static_cast<size_t>(n * size), '\x3c');
   };
   switch (in.ConsumeIntegralInRange(0, 11)) {
@@ -140,11 +151,21 @@ void Mutate(FuzzedDataProvider& in, v1::FusedOpRequest& p) {
     case 8: {  // attribute of any kind and value
       v1::AttrValue& a = (*p.mutable_attrs())[name()];
       switch (in.ConsumeIntegralInRange(0, 4)) {
-        case 0: a.set_f(AnyDouble(in)); break;
-        case 1: a.set_i(in.ConsumeIntegral<int64_t>()); break;
-        case 2: a.set_s(in.ConsumeRandomLengthString(12)); break;
-        case 3: a.set_b(in.ConsumeBool()); break;
-        default: a.Clear(); break;
+        case 0:
+          a.set_f(AnyDouble(in));
+          break;
+        case 1:
+          a.set_i(in.ConsumeIntegral<int64_t>());
+          break;
+        case 2:
+          a.set_s(in.ConsumeRandomLengthString(12));
+          break;
+        case 3:
+          a.set_b(in.ConsumeBool());
+          break;
+        default:
+          a.Clear();
+          break;
       }
       return;
     }
@@ -152,8 +173,8 @@ void Mutate(FuzzedDataProvider& in, v1::FusedOpRequest& p) {
       p.mutable_attrs()->erase(name());
       return;
     case 10:
-      p.set_op(in.ConsumeBool() ? in.ConsumeRandomLengthString(16) : AllOpSpecs()[in.ConsumeIntegralInRange<size_t>(
-                                                                          0, AllOpSpecs().size() - 1)].name);
+      p.set_op(in.ConsumeBool() ? in.ConsumeRandomLengthString(16)
+                                : AllOpSpecs()[in.ConsumeIntegralInRange<size_t>(0, AllOpSpecs().size() - 1)].name);
       return;
     default: {  // float payload of NaN/Inf
       v1::Tensor* t = tensor();
@@ -175,9 +196,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string op = specs[in.ConsumeIntegralInRange<size_t>(0, specs.size() - 1)].name;
   const DType dt = std::array<DType, 3>{DType::kF32, DType::kF16, DType::kBF16}[in.ConsumeIntegralInRange(0, 2)];
   std::vector<int64_t> key;
-  const size_t dims = op == "attention_decode" ? 5
-                      : (op == "rope" || op == "attention") ? 4
-                      : (op == "linear" || op == "swiglu_mlp") ? 3 : 2;
+  const size_t dims = op == "attention_decode"                 ? 5
+                      : (op == "rope" || op == "attention")    ? 4
+                      : (op == "linear" || op == "swiglu_mlp") ? 3
+                                                               : 2;
   for (size_t i = 0; i < dims; ++i) key.push_back(in.ConsumeIntegralInRange<int64_t>(1, 9));
   if (op == "rope" || op == "attention" || op == "attention_decode") {
     // Head dims even and Hq a multiple of Hkv, so the start is valid.

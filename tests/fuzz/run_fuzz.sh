@@ -56,7 +56,7 @@ cflags="-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,addr
 
 # Library sources: request validation, the op vocabulary, the CPU reference
 # backend (run on every valid input) and the batcher's merge/split.
-sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc server/metrics.cc server/log.cc
+sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc telemetry/metrics.cc telemetry/log.cc
   kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/cpu/*.cc)
 objects=()
 pids=()
@@ -64,7 +64,7 @@ for s in "${sources[@]}"; do
   o=$out/obj/$(echo "${s#"$src"/}" | tr '/' '_').o
   objects+=("$o")
   # Rebuild when the source or any header of the project changed.
-  if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ -n "$(find server kernels -name '*.h' -newer "$o" | head -1)" ]; then
+  if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ -n "$(find server kernels telemetry -name '*.h' -newer "$o" | head -1)" ]; then
     $cxx $cflags -w -c "$s" -o "$o" &
     pids+=($!)
     if [ ${#pids[@]} -ge "$jobs" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi

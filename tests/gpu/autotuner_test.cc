@@ -5,6 +5,8 @@
 // envelope and prints the numbers of the warm-up closing note (wall time,
 // warm restart time, speed-up over the default config at M = 1, 512, 16384).
 // Skips without a GPU.
+#include "warmup/autotuner.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -19,10 +21,9 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/op.h"
-#include "warmup/autotuner.h"
+#include "tests/gpu/rel_error.h"
 #include "warmup/envelope.h"
 #include "warmup/tuning_cache.h"
-#include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
 namespace {
@@ -155,7 +156,10 @@ TEST(Autotuner, DefaultEnvelopeColdAndWarm) {
   o.cache_path = dir + "/cache.json";
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, nullptr);
   ASSERT_TRUE(backend.ok());
-  auto log = [](const std::string& l) { std::printf("  %s\n", l.c_str()); std::fflush(stdout); };
+  auto log = [](const std::string& l) {
+    std::printf("  %s\n", l.c_str());
+    std::fflush(stdout);
+  };
 
   std::unique_ptr<TuningService> cold = Service(o);
   ASSERT_TRUE(cold->Warmup(backend->get(), log).ok());
@@ -165,10 +169,11 @@ TEST(Autotuner, DefaultEnvelopeColdAndWarm) {
   ASSERT_TRUE(warm->Warmup(backend->get(), log).ok());
   const WarmupReport w = warm->report();
   EXPECT_EQ(w.benchmarks, 0);
-  std::printf("default envelope: %zu entries; cold tune %.1f s (%lld configs timed); warm restart %.2f s, "
-              "%lld timed\n",
-              cold->envelope().size(), c.seconds, static_cast<long long>(c.benchmarks), w.seconds,
-              static_cast<long long>(w.benchmarks));
+  std::printf(
+      "default envelope: %zu entries; cold tune %.1f s (%lld configs timed); warm restart %.2f s, "
+      "%lld timed\n",
+      cold->envelope().size(), c.seconds, static_cast<long long>(c.benchmarks), w.seconds,
+      static_cast<long long>(w.benchmarks));
   std::printf("speed-up of the tuned config over the default (default us / tuned us):\n");
   for (const TuningEntry& e : TuningCache::Open(o.cache_path, MakeCudaTuner()->Stamp())->entries()) {
     if (e.key[0] != 1 && e.key[0] != 512 && e.key[0] != 16384) continue;

@@ -178,8 +178,7 @@ class ComputeTest : public ::testing::Test {
 // relative), fp32 accumulation order differs from the reference.
 double GemmTol(DType dt) { return dt == DType::kBF16 ? 1e-2 : (dt == DType::kF16 ? 2e-3 : 5e-5); }
 
-OpRequest LinearRequest(DType dt, int64_t M, int64_t N, int64_t K, const std::string& act, bool bias,
-                        uint64_t seed) {
+OpRequest LinearRequest(DType dt, int64_t M, int64_t N, int64_t K, const std::string& act, bool bias, uint64_t seed) {
   OpRequest r = MakeRandomRequest("linear", dt, {M, N, K}, seed);
   r.attrs["activation"] = act;
   if (bias) r.inputs["bias"] = RandomTensor(dt, {N}, seed + 7);
@@ -235,12 +234,11 @@ TEST_F(ComputeTest, LinearOtherDtypes) {
   CheckLinear(LinearRequest(DType::kF32, 5, 77, 31, "none", true, 305), {""});
 }
 
-void CheckSwiglu(DType dt, int64_t M, int64_t D, int64_t I, uint64_t seed,
-                 const std::vector<std::string>& configs) {
+void CheckSwiglu(DType dt, int64_t M, int64_t D, int64_t I, uint64_t seed, const std::vector<std::string>& configs) {
   const OpRequest r = MakeRandomRequest("swiglu_mlp", dt, {M, D, I}, seed);
   Vec ref(M * D);
-  cpu::SwigluMlp(r.in("x").ToFloat().data(), r.in("gate_up").ToFloat().data(), r.in("down").ToFloat().data(), M,
-                 D, I, ref.data());
+  cpu::SwigluMlp(r.in("x").ToFloat().data(), r.in("gate_up").ToFloat().data(), r.in("down").ToFloat().data(), M, D, I,
+                 ref.data());
   for (const std::string& config : configs) {
     const Vec got = RunOnGpu(r, config)["y"];
     SCOPED_TRACE(std::string(DTypeName(dt)) + " M=" + std::to_string(M) + " D=" + std::to_string(D) +
@@ -267,8 +265,8 @@ TEST_F(ComputeTest, SwigluMlp) {
 
 // Same-precision reference for one query head against keys [0, n) of a
 // [rows, H*D] K/V slab: scores, probabilities and output rounded to dt.
-void SamePrecisionOne(DType dt, const float* q, const float* k, const float* v, int64_t n, int64_t stride,
-                      int64_t D, float scale, float* o) {
+void SamePrecisionOne(DType dt, const float* q, const float* k, const float* v, int64_t n, int64_t stride, int64_t D,
+                      float scale, float* o) {
   std::vector<float> s(std::max<int64_t>(n, 1));
   float mx = -INFINITY;
   for (int64_t j = 0; j < n; ++j) {
@@ -365,8 +363,7 @@ TEST_F(ComputeTest, AttentionPrefillTileEdges) {
   for (int64_t S : {1, 63, 65, 1000}) {
     for (auto [Hq, Hkv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}, {8, 1}}) {
       for (int64_t D : {64, 128}) {
-        CheckPrefill({DType::kBF16, {S}, Hq, Hkv, D, true}, seed += 3,
-                     {"bm=128,w=4", "bm=64,w=4", "bm=128,w=8"});
+        CheckPrefill({DType::kBF16, {S}, Hq, Hkv, D, true}, seed += 3, {"bm=128,w=4", "bm=64,w=4", "bm=128,w=8"});
       }
     }
   }
@@ -410,16 +407,16 @@ void CheckDecode(const DecodeCase& c, uint64_t seed, const std::vector<std::stri
   cpu::AttentionDecode(q.data(), k.data(), v.data(), c.lengths.data(), B, L, Hq, Hkv, D, scale, ref.data());
   ParallelFor(B * Hq, [&](int64_t i) {
     const int64_t b = i / Hq, h = i % Hq, kvh = h / group;
-    SamePrecisionOne(c.dt, &q[i * D], &k[(b * L * Hkv + kvh) * D], &v[(b * L * Hkv + kvh) * D], c.lengths[b],
-                     Hkv * D, D, scale, &sp[i * D]);
+    SamePrecisionOne(c.dt, &q[i * D], &k[(b * L * Hkv + kvh) * D], &v[(b * L * Hkv + kvh) * D], c.lengths[b], Hkv * D,
+                     D, scale, &sp[i * D]);
   });
   for (const std::string& config : configs) {
     std::string lens;
     for (int64_t l : c.lengths) lens += std::to_string(l) + ",";
     ExpectAttentionClose(c.dt, RunOnGpu(r, config)["o"], sp, ref,
                          std::string(DTypeName(c.dt)) + " lengths=" + lens + " L=" + std::to_string(L) +
-                             " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
-                             " D=" + std::to_string(D) + " config=[" + config + "]");
+                             " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
+                             " config=[" + config + "]");
   }
 }
 
@@ -432,9 +429,7 @@ TEST_F(ComputeTest, AttentionDecodeMixedLengths) {
   CheckDecode({DType::kF32, {5, 64}, 64, 3, 1, 64}, 912, {""});
 }
 
-TEST_F(ComputeTest, AttentionDecodeLongSingle) {
-  CheckDecode({DType::kBF16, {16384}, 16384, 32, 8, 128}, 950, {""});
-}
+TEST_F(ComputeTest, AttentionDecodeLongSingle) { CheckDecode({DType::kBF16, {16384}, 16384, 32, 8, 128}, 950, {""}); }
 
 // ---- through the backend ---------------------------------------------------------
 

@@ -1,11 +1,12 @@
 // The CUDA backend end to end (host tensors in, host tensors out, through the
 // arena, staging buffers and family dispatchers) against the CPU backend, for
 // every op and float dtype. Skips where there is no GPU.
+#include "kernels/cuda/cuda_backend.h"
+
 #include <cmath>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
@@ -19,10 +20,12 @@ struct Case {
 };
 
 std::vector<Case> Cases() {
-  return {{"rms_norm", {17, 769}},       {"rms_norm", {4, 4096}},          {"add_rms_norm", {3, 4096}},
-          {"add_rms_norm_silu", {5, 1000}}, {"layer_norm", {7, 4096}},     {"softmax", {3, 32000}},
-          {"silu_and_mul", {9, 1376}},   {"gelu", {5, 1001}},              {"rope", {7, 8, 2, 128}},
-          {"linear", {17, 256, 512}},    {"swiglu_mlp", {5, 256, 512}},    {"attention", {65, 8, 2, 128}},
+  return {{"rms_norm", {17, 769}},       {"rms_norm", {4, 4096}},
+          {"add_rms_norm", {3, 4096}},   {"add_rms_norm_silu", {5, 1000}},
+          {"layer_norm", {7, 4096}},     {"softmax", {3, 32000}},
+          {"silu_and_mul", {9, 1376}},   {"gelu", {5, 1001}},
+          {"rope", {7, 8, 2, 128}},      {"linear", {17, 256, 512}},
+          {"swiglu_mlp", {5, 256, 512}}, {"attention", {65, 8, 2, 128}},
           {"attention", {33, 4, 4, 64}}, {"attention_decode", {3, 100, 8, 2, 128}}};
 }
 

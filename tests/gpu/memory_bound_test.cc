@@ -67,8 +67,8 @@ std::map<std::string, std::vector<float>> Reference(const OpRequest& r) {
   const std::string& op = r.op;
   if (op == "rope") {
     const HostTensor& q = r.in("q");
-    cpu::Rope(F("q").data(), F("k").data(), r.in("positions").ToInt64().data(), q.dim(0), q.dim(1),
-              r.in("k").dim(1), q.dim(2), r.f("theta"), out["q_out"].data(), out["k_out"].data());
+    cpu::Rope(F("q").data(), F("k").data(), r.in("positions").ToInt64().data(), q.dim(0), q.dim(1), r.in("k").dim(1),
+              q.dim(2), r.f("theta"), out["q_out"].data(), out["k_out"].data());
     return out;
   }
   const HostTensor& x = r.in("x");
@@ -169,8 +169,8 @@ void CheckOp(const std::string& op, DType dt, const std::vector<int64_t>& key, c
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // uploads complete before the stream reads them
   std::vector<std::string> configs = MemoryBoundCandidates(op, dt, TuningKey(r));
   ASSERT_FALSE(configs.empty());
-  configs.push_back("");              // no tuned config: the default
-  configs.push_back("t3.bogus");      // unparsable: the default
+  configs.push_back("");          // no tuned config: the default
+  configs.push_back("t3.bogus");  // unparsable: the default
   for (const std::string& cfg : configs) {
     SCOPED_TRACE("config '" + cfg + "'");
     const cudaStream_t stream = TestStream();
@@ -230,7 +230,7 @@ TEST_F(MemoryBound, Softmax) {
     for (int64_t n : {1, 1000}) CheckOp("softmax", dt, {4099, n});
     CheckOp("softmax", dt, {64, 128256});
     CheckOp("softmax", dt, {2, 1 << 20});  // past every register-resident config: streaming
-    CheckOp("softmax", dt, {3, 32001});     // odd: scalar path
+    CheckOp("softmax", dt, {3, 32001});    // odd: scalar path
   }
 }
 

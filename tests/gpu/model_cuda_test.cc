@@ -6,9 +6,8 @@
 // tokens (the CPU's greedy choice), so one near-tie never cascades; a token
 // where the two argmaxes differ must be a near-tie of the CPU logits.
 // Skips without a GPU.
-#include <gtest/gtest.h>
-
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,12 +16,13 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/sampling.h"
+#include "engine/sampler.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cuda/argmax.h"
 #include "kernels/dtype.h"
-#include "server/engine_sampler.h"
-#include "server/model_cuda_runner.h"
-#include "server/model_runner.h"
-#include "server/model_weights.h"
+#include "model/cuda_runner.h"
+#include "model/runner.h"
+#include "model/weights.h"
 #include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
@@ -112,9 +112,12 @@ class ModelCudaTest : public ::testing::TestWithParam<int> {
   }
   ModelConfig Config() const {
     switch (GetParam()) {
-      case 0: return *PresetConfig("tiny");
-      case 1: return MidConfig();
-      default: return Mid128Config();
+      case 0:
+        return *PresetConfig("tiny");
+      case 1:
+        return MidConfig();
+      default:
+        return Mid128Config();
     }
   }
 };
@@ -216,7 +219,7 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
     ASSERT_EQ(lg.size(), lc.size());
     for (size_t b = 0; b < active.size(); ++b) {
       // Device argmax == host argmax of the same logits, with or without the copy.
-      EXPECT_EQ(with.greedy[b], GreedyToken(lg.data() + b * c.vocab, c.vocab)) << "step " << step;
+      EXPECT_EQ(with.greedy[b], cpu::GreedyToken(lg.data() + b * c.vocab, c.vocab)) << "step " << step;
       EXPECT_EQ(without.greedy[b], with.greedy[b]) << "step " << step;
     }
     for (size_t b = 0; b < active.size(); ++b) {
@@ -244,8 +247,8 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
       s.tokens.push_back(tc);  // both runners continue with the CPU's token
     }
   }
-  std::printf("[%s] greedy: %d/%d tokens identical, %d near-ties, worst logits rel err %.3e\n", c.name.c_str(),
-              exact, total, near_ties, worst);
+  std::printf("[%s] greedy: %d/%d tokens identical, %d near-ties, worst logits rel err %.3e\n", c.name.c_str(), exact,
+              total, near_ties, worst);
   EXPECT_GE(exact, total * 9 / 10);
 }
 
@@ -286,7 +289,7 @@ TEST_P(ModelCudaTest, DecodeBatchesOnTheSkinnyPath) {
 }
 
 // The device argmax over a 128K vocabulary (several chunk CTAs per row,
-// merged by the last one) against the host's GreedyToken: random rows, a
+// merged by the last one) against the host's cpu::GreedyToken: random rows, a
 // tie across chunks, NaNs, an all-NaN row; replayed to check the chunk
 // counters are left at zero.
 TEST(DeviceArgmaxTest, MatchesHostGreedy) {
@@ -311,13 +314,13 @@ TEST(DeviceArgmaxTest, MatchesHostGreedy) {
   ASSERT_EQ(cudaMalloc(&d_ws, cuda::ArgmaxWorkspaceBytes(rows)), cudaSuccess);
   ASSERT_EQ(cudaMemset(d_ws, 0, cuda::ArgmaxWorkspaceBytes(rows)), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_logits, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  for (void* ws : {d_ws, d_ws, static_cast<void*>(nullptr)}) {  // twice with the workspace, once without
+  for (void* ws : {d_ws, d_ws, static_cast<void*>(nullptr)}) {                // twice with the workspace, once without
     ASSERT_EQ(cudaMemset(d_out, 0xff, rows * sizeof(int32_t)), cudaSuccess);  // poison
     ASSERT_TRUE(cuda::LaunchArgmaxRows(DType::kBF16, d_logits, rows, V, d_out, ws, nullptr).ok());
     std::vector<int32_t> got(rows);
     ASSERT_EQ(cudaMemcpy(got.data(), d_out, rows * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
     for (int64_t r = 0; r < rows; ++r) {
-      EXPECT_EQ(got[r], GreedyToken(host.data() + r * V, V)) << "row " << r << (ws ? " (chunks)" : " (one CTA)");
+      EXPECT_EQ(got[r], cpu::GreedyToken(host.data() + r * V, V)) << "row " << r << (ws ? " (chunks)" : " (one CTA)");
     }
     EXPECT_EQ(got[1], 100);
     EXPECT_EQ(got[2], 90000);

@@ -3,16 +3,16 @@
 // every token count 9..32 the decode step can hand it, output widths that
 // are and are not multiples of the split and tile counts, K from one chunk
 // to 8192. Outputs are NaN-poisoned first; skipped without a GPU.
-#include <gtest/gtest.h>
+#include "kernels/cuda/skinny_gemm.h"
 
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/reference.h"
-#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/dtype.h"
 #include "tests/gpu/rel_error.h"
 

@@ -13,8 +13,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/tensor.h"
-#include "server/model_config.h"
-#include "server/model_runner.h"
+#include "model/config.h"
+#include "model/runner.h"
 #include "server/validation.h"
 #include "tests/integration/server_process.h"
 

@@ -156,8 +156,7 @@ v1::TransformerBlockRequest BlockRequest(int64_t B, int64_t S, int64_t D, int fi
   return req;
 }
 
-grpc::Status Block(ServerProcess* server, const v1::TransformerBlockRequest& req,
-                   v1::TransformerBlockResponse* resp) {
+grpc::Status Block(ServerProcess* server, const v1::TransformerBlockRequest& req, v1::TransformerBlockResponse* resp) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   return server->stub()->TransformerBlock(&ctx, req, resp);
@@ -253,8 +252,8 @@ void ReadThenCancel(ServerProcess* server, const v1::GenerateRequest& req, int n
 class GenerateLimitsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = ServerProcess::Start({"--max_running=1", "--max_waiting=1", "--max_new_tokens_limit=100000",
-                                    "--max_seq_len=8192"});
+    server_ = ServerProcess::Start(
+        {"--max_running=1", "--max_waiting=1", "--max_new_tokens_limit=100000", "--max_seq_len=8192"});
     ASSERT_NE(server_, nullptr);
   }
   std::unique_ptr<ServerProcess> server_;

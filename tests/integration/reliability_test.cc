@@ -57,7 +57,8 @@ std::vector<std::unique_ptr<v1::FusedServe::Stub>> Stubs(const std::string& addr
     args.SetMaxReceiveMessageSize(-1);
     args.SetInt("fusedserve.test_channel", i);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    stubs.push_back(v1::FusedServe::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    stubs.push_back(
+        v1::FusedServe::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
   return stubs;
 }
@@ -129,7 +130,8 @@ std::vector<Case> MalformedCases() {
          x.clear_shape();
          for (int i = 0; i < 4; ++i) x.add_shape(int64_t{1} << 40);
        }},
-      {"rank 9", [](v1::FusedOpRequest& r) {
+      {"rank 9",
+       [](v1::FusedOpRequest& r) {
          for (int i = 0; i < 7; ++i) (*r.mutable_inputs())["x"].add_shape(1);
        }},
       {"eps zero", [](v1::FusedOpRequest& r) { (*r.mutable_attrs())["eps"].set_f(0); }},
@@ -217,11 +219,12 @@ TEST(Reliability, Soak64ClientsMixedRequests) {
     if (t >= seconds - window) late.push_back(kb);
   }
   const double growth = Median(late) / Median(early) - 1;
-  std::printf("soak: %.0f s, %lld valid OK, %lld malformed rejected, %lld unexpected; %.0f req/s; "
-              "RSS %.1f MiB at %.0f s -> %.1f MiB at the end (%+.2f%%)\n",
-              elapsed, static_cast<long long>(ok.load()), static_cast<long long>(rejected.load()),
-              static_cast<long long>(unexpected.load()), (ok + rejected) / elapsed, Median(early) / 1024,
-              seconds / 3, Median(late) / 1024, growth * 100);
+  std::printf(
+      "soak: %.0f s, %lld valid OK, %lld malformed rejected, %lld unexpected; %.0f req/s; "
+      "RSS %.1f MiB at %.0f s -> %.1f MiB at the end (%+.2f%%)\n",
+      elapsed, static_cast<long long>(ok.load()), static_cast<long long>(rejected.load()),
+      static_cast<long long>(unexpected.load()), (ok + rejected) / elapsed, Median(early) / 1024, seconds / 3,
+      Median(late) / 1024, growth * 100);
   for (const auto& [what, n] : problems) ADD_FAILURE() << n << " x " << what;
   EXPECT_EQ(unexpected.load(), 0);
   EXPECT_GT(ok.load(), 1000);
@@ -287,8 +290,8 @@ void OverloadBurst(const std::string& batching) {
       ADD_FAILURE() << "unexpected " << GrpcCodeName(o.code) << ": " << o.problem;
     }
   }
-  std::printf("overload (%s): %d admitted (slowest %.2f s), %d RESOURCE_EXHAUSTED (slowest %.3f s)\n",
-              batching.c_str(), ok, slowest_ok, exhausted, slowest_rejection);
+  std::printf("overload (%s): %d admitted (slowest %.2f s), %d RESOURCE_EXHAUSTED (slowest %.3f s)\n", batching.c_str(),
+              ok, slowest_ok, exhausted, slowest_rejection);
   EXPECT_GE(ok, 5);  // the running one and a full queue
   EXPECT_GE(exhausted, kBurst / 2);
   // Refused without waiting behind the work: well before the admitted finish.
@@ -309,8 +312,7 @@ TEST(Reliability, OverloadBurstIsShedQuicklyBatching) { OverloadBurst("--batchin
 // signal gets its full answer; afterwards only UNAVAILABLE; exit 0 in time.
 TEST(Reliability, SigtermUnderLoadLosesNothing) {
   constexpr double kGrace = 20;
-  std::unique_ptr<ServerProcess> server =
-      ServerProcess::Start({"--worker_threads=2", "--shutdown_grace_seconds=20"});
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--worker_threads=2", "--shutdown_grace_seconds=20"});
   ASSERT_NE(server, nullptr);
   const Case work = Valid("linear", MakeRandomRequest("linear", DType::kF32, {32, 256, 256}, 4));
   auto stubs = Stubs(server->address(), 4);
@@ -377,11 +379,11 @@ TEST(Reliability, SigtermUnderLoadLosesNothing) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   stop = true;
   for (std::thread& t : clients) t.join();
-  std::printf("drain: %lld OK before SIGTERM, %lld in flight across it completed OK, %lld UNAVAILABLE after, "
-              "%lld CANCELLED by gRPC while racing the shutdown; exit %d after %.2f s\n",
-              static_cast<long long>(ok_before), static_cast<long long>(ok_across_signal.load()),
-              static_cast<long long>(unavailable.load()), static_cast<long long>(cancelled_racing.load()), code,
-              exit_after);
+  std::printf(
+      "drain: %lld OK before SIGTERM, %lld in flight across it completed OK, %lld UNAVAILABLE after, "
+      "%lld CANCELLED by gRPC while racing the shutdown; exit %d after %.2f s\n",
+      static_cast<long long>(ok_before), static_cast<long long>(ok_across_signal.load()),
+      static_cast<long long>(unavailable.load()), static_cast<long long>(cancelled_racing.load()), code, exit_after);
   if (std::getenv("FUSEDSERVE_TEST_VERBOSE") != nullptr) std::printf("%s", server->Log().c_str());
   for (const std::string& p : problems) ADD_FAILURE() << p;
   EXPECT_EQ(code, 0) << server->Log();
@@ -408,7 +410,8 @@ TEST(Reliability, MessageAboveLimitIsRefusedClearly) {
     const grpc::Status st = stub->FusedOp(&ctx, big, &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
     EXPECT_NE(st.error_message().find(std::to_string(kLimit)), std::string::npos) << st.error_message();
-    if (i == 0) std::printf("over-limit message: %s: %s\n", GrpcCodeName(st.error_code()).c_str(), st.error_message().c_str());
+    if (i == 0)
+      std::printf("over-limit message: %s: %s\n", GrpcCodeName(st.error_code()).c_str(), st.error_message().c_str());
   }
   // Just under the limit works, on the same channel.
   const Case fits = Valid("rms_norm", MakeRandomRequest("rms_norm", DType::kF32, {200, 1024}, 2));

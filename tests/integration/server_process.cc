@@ -86,8 +86,7 @@ std::shared_ptr<grpc::Channel> ServerProcess::NewChannel(std::shared_ptr<grpc::C
                                    channel_args);
 }
 
-std::unique_ptr<ServerProcess> ServerProcess::Spawn(const std::vector<std::string>& flags,
-                                                    const std::string& mode) {
+std::unique_ptr<ServerProcess> ServerProcess::Spawn(const std::vector<std::string>& flags, const std::string& mode) {
   const char* bin = std::getenv("FUSEDSERVE_BIN");
   if (bin == nullptr) {
     ADD_FAILURE() << "FUSEDSERVE_BIN is not set (ctest sets it)";

@@ -28,14 +28,12 @@ class ServerProcess {
   // nullptr) if it does not within timeout_s.
   // `credentials` (default: plaintext) are used for the test's own channel,
   // e.g. TLS credentials for a server started with --tls_cert.
-  static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags = {},
-                                              double timeout_s = 60,
+  static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags = {}, double timeout_s = 60,
                                               std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   // Starts $FUSEDSERVE_BIN `mode` like Start but returns at once, without
   // waiting for the port or SERVING (start-up and exit tests); channel() is
   // unset.
-  static std::unique_ptr<ServerProcess> Spawn(const std::vector<std::string>& flags,
-                                              const std::string& mode = "serve");
+  static std::unique_ptr<ServerProcess> Spawn(const std::vector<std::string>& flags, const std::string& mode = "serve");
   // A new channel to the server with other credentials (TLS tests).
   std::shared_ptr<grpc::Channel> NewChannel(std::shared_ptr<grpc::ChannelCredentials> credentials) const;
   ~ServerProcess();

@@ -38,9 +38,7 @@ class ServerTest : public ::testing::Test {
 };
 ServerProcess* ServerTest::server_ = nullptr;
 
-TEST_F(ServerTest, HealthIsServing) {
-  EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
-}
+TEST_F(ServerTest, HealthIsServing) { EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING); }
 
 TEST_F(ServerTest, ReflectionListsServices) {
   auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(server_->channel());
@@ -132,10 +130,10 @@ TEST_F(ServerTest, MalformedRequestsAreRejectedAndServerStaysUp) {
       {"missing input", [](v1::FusedOpRequest& r) { r.mutable_inputs()->erase("weight"); }, "missing input 'weight'"},
       {"extra input", [](v1::FusedOpRequest& r) { (*r.mutable_inputs())["bias"] = r.inputs().at("weight"); },
        "unexpected input 'bias'"},
-      {"unspecified dtype",
-       [](v1::FusedOpRequest& r) { (*r.mutable_inputs())["x"].set_dtype(v1::DTYPE_UNSPECIFIED); }, "dtype"},
-      {"invalid dtype enum", [](v1::FusedOpRequest& r) { (*r.mutable_inputs())["x"].set_dtype(static_cast<v1::DType>(77)); },
+      {"unspecified dtype", [](v1::FusedOpRequest& r) { (*r.mutable_inputs())["x"].set_dtype(v1::DTYPE_UNSPECIFIED); },
        "dtype"},
+      {"invalid dtype enum",
+       [](v1::FusedOpRequest& r) { (*r.mutable_inputs())["x"].set_dtype(static_cast<v1::DType>(77)); }, "dtype"},
       {"int dtype for float input",
        [](v1::FusedOpRequest& r) {
          v1::Tensor& x = (*r.mutable_inputs())["x"];
@@ -187,21 +185,42 @@ TEST_F(ServerTest, MalformedRequestsAreRejectedAndServerStaysUp) {
   };
   const std::vector<OpCase> op_cases = {
       {"rope", {4, 4, 2, 16}, [](OpRequest& r) { r.attrs["theta"] = -1.0; }, "'theta'"},
-      {"rope", {4, 4, 2, 16},
-       [](OpRequest& r) { r.inputs["positions"] = HostTensor::FromInt64(DType::kI64, {4}, {0, 1, -2, 3}); },
+      {"rope",
+       {4, 4, 2, 16},
+       [](OpRequest& r) {
+         r.inputs["positions"] = HostTensor::FromInt64(DType::kI64, {4}, {0, 1, -2, 3});
+       },
        "'positions' has value -2"},
-      {"rope", {4, 4, 2, 16}, [](OpRequest& r) { r.inputs["k"].shape = {4, 2, 8}; r.inputs["k"].data.resize(4 * 2 * 8 * 4); },
+      {"rope",
+       {4, 4, 2, 16},
+       [](OpRequest& r) {
+         r.inputs["k"].shape = {4, 2, 8};
+         r.inputs["k"].data.resize(4 * 2 * 8 * 4);
+       },
        "input 'k'"},
-      {"silu_and_mul", {2, 3}, [](OpRequest& r) { r.inputs["x"] = HostTensor::FromFloat(DType::kF32, {2, 5}, std::vector<float>(10, 1)); },
+      {"silu_and_mul",
+       {2, 3},
+       [](OpRequest& r) {
+         r.inputs["x"] = HostTensor::FromFloat(DType::kF32, {2, 5}, std::vector<float>(10, 1));
+       },
        "even"},
       {"linear", {2, 4, 8}, [](OpRequest& r) { r.attrs["activation"] = std::string("relu"); }, "'activation'"},
-      {"linear", {2, 4, 8}, [](OpRequest& r) { r.inputs["bias"] = HostTensor::FromFloat(DType::kF32, {5}, std::vector<float>(5, 1)); },
+      {"linear",
+       {2, 4, 8},
+       [](OpRequest& r) { r.inputs["bias"] = HostTensor::FromFloat(DType::kF32, {5}, std::vector<float>(5, 1)); },
        "input 'bias'"},
       {"attention", {6, 4, 3, 8}, [](OpRequest&) {}, "multiple of kv heads"},
-      {"attention", {6, 4, 2, 8},
-       [](OpRequest& r) { r.inputs["seq_lens"] = HostTensor::FromInt64(DType::kI32, {2}, {2, 3}); }, "sums to 5"},
-      {"attention_decode", {2, 5, 4, 2, 8},
-       [](OpRequest& r) { r.inputs["lengths"] = HostTensor::FromInt64(DType::kI64, {2}, {5, 6}); },
+      {"attention",
+       {6, 4, 2, 8},
+       [](OpRequest& r) {
+         r.inputs["seq_lens"] = HostTensor::FromInt64(DType::kI32, {2}, {2, 3});
+       },
+       "sums to 5"},
+      {"attention_decode",
+       {2, 5, 4, 2, 8},
+       [](OpRequest& r) {
+         r.inputs["lengths"] = HostTensor::FromInt64(DType::kI64, {2}, {5, 6});
+       },
        "'lengths' has value 6"},
       {"gelu", {2, 3}, [](OpRequest& r) { r.attrs["approximate"] = std::string("fast"); }, "'approximate'"},
   };
@@ -288,7 +307,8 @@ TEST(ServerShutdown, SigtermDrainsInFlightRequests) {
     // New work is refused while draining.
     grpc::ClientContext ctx;
     v1::FusedOpResponse resp;
-    grpc::Status st = server->stub()->FusedOp(&ctx, OpRequestToProto(MakeRandomRequest("softmax", DType::kF32, {1, 4}, 1)), &resp);
+    grpc::Status st =
+        server->stub()->FusedOp(&ctx, OpRequestToProto(MakeRandomRequest("softmax", DType::kF32, {1, 4}, 1)), &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   }
   for (auto& c : calls) {

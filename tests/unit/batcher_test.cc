@@ -243,9 +243,7 @@ class BatcherTest : public ::testing::Test {
     t.enqueued = absl::Now();
     t.deadline = deadline;
     if (cancelled) {
-      t.interrupted = [cancelled] {
-        return cancelled() ? absl::CancelledError("cancelled") : absl::OkStatus();
-      };
+      t.interrupted = [cancelled] { return cancelled() ? absl::CancelledError("cancelled") : absl::OkStatus(); };
     }
     t.done = [this, out](absl::StatusOr<TensorMap> v) {
       out->value = std::move(v);

@@ -1,6 +1,8 @@
 // bf16/fp16 conversions (kernels/dtype.h) checked exhaustively over all 65536
 // bit patterns and against an independent round-to-nearest-even built from the
 // sorted list of representable values; then HostTensor's conversions.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,8 +10,6 @@
 #include <limits>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
@@ -134,8 +134,8 @@ void CheckMidpoints(uint16_t inf_bits, ToF to_float, FromF from_float) {
   for (uint32_t h = 0; h < inf_bits; ++h) {
     const double lo = to_float(static_cast<uint16_t>(h));
     // The value one step up; for the largest finite value, that step leads to inf.
-    const double hi = h + 1 < inf_bits ? to_float(static_cast<uint16_t>(h + 1))
-                                       : lo + (lo - to_float(static_cast<uint16_t>(h - 1)));
+    const double hi =
+        h + 1 < inf_bits ? to_float(static_cast<uint16_t>(h + 1)) : lo + (lo - to_float(static_cast<uint16_t>(h - 1)));
     const float mid = static_cast<float>((lo + hi) / 2);
     ASSERT_EQ(static_cast<double>(mid), (lo + hi) / 2) << "midpoint not exact in fp32 at " << h;
     const uint16_t even = static_cast<uint16_t>(h % 2 == 0 ? h : h + 1);
@@ -150,11 +150,13 @@ void CheckMidpoints(uint16_t inf_bits, ToF to_float, FromF from_float) {
 }
 
 TEST(Fp16, HalfwayCasesRoundToEven) {
-  CheckMidpoints(0x7c00, [](uint16_t h) { return static_cast<double>(HalfToFloat(h)); }, FloatToHalf);
+  CheckMidpoints(
+      0x7c00, [](uint16_t h) { return static_cast<double>(HalfToFloat(h)); }, FloatToHalf);
 }
 
 TEST(Bf16, HalfwayCasesRoundToEven) {
-  CheckMidpoints(0x7f80, [](uint16_t h) { return static_cast<double>(Bf16ToFloat(h)); }, FloatToBf16);
+  CheckMidpoints(
+      0x7f80, [](uint16_t h) { return static_cast<double>(Bf16ToFloat(h)); }, FloatToBf16);
 }
 
 // ---- random fp32 inputs against the search oracle -------------------------------------
@@ -181,9 +183,9 @@ TEST(Bf16, RandomFloatsMatchOracle) {
 // ---- named edge cases -------------------------------------------------------------------
 
 TEST(Fp16, OverflowUnderflowAndSpecials) {
-  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);                       // largest finite
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);                        // largest finite
   EXPECT_EQ(FloatToHalf(std::nextafter(65520.0f, 0.0f)), 0x7bff);  // just under halfway to 2^16
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);                       // halfway, 0x7bff odd -> inf
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);                        // halfway, 0x7bff odd -> inf
   EXPECT_EQ(FloatToHalf(1e9f), 0x7c00);
   EXPECT_EQ(FloatToHalf(-1e9f), 0xfc00);
   EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::max()), 0x7c00);
@@ -194,8 +196,8 @@ TEST(Fp16, OverflowUnderflowAndSpecials) {
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);
   EXPECT_EQ(FloatToHalf(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.5f, -24)), 0x0002);  // 1.5 ulp -> 2 (even)
-  EXPECT_EQ(FloatToHalf(std::ldexp(2.5f, -24)), 0x0002);  // 2.5 ulp -> 2 (even)
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.5f, -24)), 0x0002);     // 1.5 ulp -> 2 (even)
+  EXPECT_EQ(FloatToHalf(std::ldexp(2.5f, -24)), 0x0002);     // 2.5 ulp -> 2 (even)
   EXPECT_EQ(FloatToHalf(std::ldexp(1023.0f, -24)), 0x03ff);  // largest subnormal
   EXPECT_EQ(FloatToHalf(std::ldexp(1023.5f, -24)), 0x0400);  // rounds up into the normals
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -14)), 0x0400);     // smallest normal
@@ -219,8 +221,8 @@ TEST(Fp16, OverflowUnderflowAndSpecials) {
 
 TEST(Bf16, OverflowUnderflowAndSpecials) {
   EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
-  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);      // halfway, 0x3f80 even
-  EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);  // halfway, 0x3f81 odd
+  EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);        // halfway, 0x3f80 even
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);    // halfway, 0x3f81 odd
   EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::max()), 0x7f80);  // past the halfway point to 2^128
   EXPECT_EQ(FloatToBf16(-std::numeric_limits<float>::max()), 0xff80);
   EXPECT_EQ(FloatToBf16(FromBits(0x7f7f7fffu)), 0x7f7f);  // just below halfway: largest finite
@@ -289,8 +291,7 @@ TEST(HostTensor, Int64RoundTrip) {
   EXPECT_EQ(t64.ToInt64(), wide);
   // Integer tensors read as floats, and float tensors truncated to ints.
   EXPECT_EQ(t32.ToFloat()[2], -1.0f);
-  EXPECT_EQ(HostTensor::FromFloat(DType::kF32, {3}, {2.75f, -2.75f, 7.0f}).ToInt64(),
-            (std::vector<int64_t>{2, -2, 7}));
+  EXPECT_EQ(HostTensor::FromFloat(DType::kF32, {3}, {2.75f, -2.75f, 7.0f}).ToInt64(), (std::vector<int64_t>{2, -2, 7}));
 }
 
 TEST(HostTensor, ShapeHelpers) {

@@ -5,6 +5,8 @@
 // Every case draws fresh random inputs from its own seed, poisons outputs with
 // NaN before the call (so an element the op forgets to write fails the check)
 // and compares with the relative error norm ||got - want|| / ||want||.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <complex>
 #include <cstdint>
@@ -12,8 +14,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/reference.h"
@@ -56,11 +56,11 @@ double RelErr(const Vec& got, const DVec& want) {
   return std::sqrt(num) / std::sqrt(den);
 }
 
-#define EXPECT_CLOSE(got, want)                                   \
-  do {                                                            \
-    ASSERT_EQ((got).size(), (want).size());                       \
-    const double rel_err_ = RelErr((got), (want));                \
-    EXPECT_LE(rel_err_, kTol) << "relative error " << rel_err_;   \
+#define EXPECT_CLOSE(got, want)                                 \
+  do {                                                          \
+    ASSERT_EQ((got).size(), (want).size());                     \
+    const double rel_err_ = RelErr((got), (want));              \
+    EXPECT_LE(rel_err_, kTol) << "relative error " << rel_err_; \
   } while (false)
 
 double SigmoidD(double v) { return 1.0 / (1.0 + std::exp(-v)); }
@@ -257,8 +257,10 @@ TEST(CpuReference, Rope) {
     double theta;
     int64_t max_pos;
   };
-  const Case cases[] = {{1, 1, 1, 2, 10000.0, 10},      {3, 4, 1, 8, 10000.0, 100},
-                        {17, 4, 4, 64, 500000.0, 8192}, {5, 8, 2, 128, 500000.0, 131072},
+  const Case cases[] = {{1, 1, 1, 2, 10000.0, 10},
+                        {3, 4, 1, 8, 10000.0, 100},
+                        {17, 4, 4, 64, 500000.0, 8192},
+                        {5, 8, 2, 128, 500000.0, 131072},
                         {3, 2, 1, 128, 10000.0, 4096}};
   for (const Case& c : cases) {
     SCOPED_TRACE(testing::Message() << "T=" << c.T << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D
@@ -297,11 +299,11 @@ TEST(CpuReference, Linear) {
   for (const Shape& s : shapes) {
     for (Activation act : acts) {
       for (bool with_bias : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "M=" << s.M << " K=" << s.K << " N=" << s.N << " act="
-                                        << static_cast<int>(act) << " bias=" << with_bias);
+        SCOPED_TRACE(testing::Message() << "M=" << s.M << " K=" << s.K << " N=" << s.N
+                                        << " act=" << static_cast<int>(act) << " bias=" << with_bias);
         const Vec x = Random(s.M * s.K, Seed({20, s.M, s.K, s.N}));
-        const Vec w = Random(s.N * s.K, Seed({21, s.M, s.K, s.N}), -2.0f / std::sqrt(float(s.K)),
-                             2.0f / std::sqrt(float(s.K)));
+        const Vec w =
+            Random(s.N * s.K, Seed({21, s.M, s.K, s.N}), -2.0f / std::sqrt(float(s.K)), 2.0f / std::sqrt(float(s.K)));
         const Vec b = Random(s.N, Seed({22, s.M, s.K, s.N}));
         Vec y = Poisoned(s.M * s.N);
         cpu::Linear(x.data(), w.data(), with_bias ? b.data() : nullptr, s.M, s.K, s.N, act, y.data());
@@ -311,10 +313,17 @@ TEST(CpuReference, Linear) {
             double v = with_bias ? b[n] : 0.0;
             for (int64_t k = 0; k < s.K; ++k) v += static_cast<double>(x[m * s.K + k]) * w[n * s.K + k];
             switch (act) {
-              case Activation::kNone: break;
-              case Activation::kGeluErf: v = GeluErfRef(v); break;
-              case Activation::kGeluTanh: v = GeluTanhRef(v); break;
-              case Activation::kSilu: v = v * SigmoidD(v); break;
+              case Activation::kNone:
+                break;
+              case Activation::kGeluErf:
+                v = GeluErfRef(v);
+                break;
+              case Activation::kGeluTanh:
+                v = GeluTanhRef(v);
+                break;
+              case Activation::kSilu:
+                v = v * SigmoidD(v);
+                break;
             }
             want[m * s.N + n] = v;
           }
@@ -363,8 +372,8 @@ TEST(CpuReference, SwigluMlp) {
 
 // Prefill attention the textbook way: per sequence and head, the full score
 // matrix Q K^T * scale, masked entries set to -inf, row softmax, times V.
-DVec AttentionRef(const Vec& q, const Vec& k, const Vec& v, const std::vector<int64_t>& seq_lens, int64_t T,
-                  int64_t Hq, int64_t Hkv, int64_t D, bool causal, double scale) {
+DVec AttentionRef(const Vec& q, const Vec& k, const Vec& v, const std::vector<int64_t>& seq_lens, int64_t T, int64_t Hq,
+                  int64_t Hkv, int64_t D, bool causal, double scale) {
   DVec o(T * Hq * D, 0.0);
   int64_t start = 0;
   for (int64_t len : seq_lens) {
@@ -406,14 +415,14 @@ struct AttnCase {
 
 TEST(CpuReference, Attention) {
   const AttnCase cases[] = {
-      {{1}, 1, 1, 1, true, 0},                    // single token
-      {{17}, 4, 4, 16, true, 0},                  // GQA ratio 1 (MHA)
-      {{17}, 8, 2, 16, true, 0},                  // GQA ratio 4
-      {{13}, 4, 1, 64, true, 0.3},                // MQA, explicit scale
-      {{1, 5, 3, 17}, 8, 2, 8, true, 0},          // several sequences, one of length 1
-      {{1, 5, 3, 17}, 4, 4, 8, false, 0},         // several sequences, not causal
-      {{7, 9}, 4, 1, 128, false, 0.05},           // non-causal MQA
-      {{33, 2, 12}, 12, 4, 64, true, 0},          // GQA ratio 3
+      {{1}, 1, 1, 1, true, 0},             // single token
+      {{17}, 4, 4, 16, true, 0},           // GQA ratio 1 (MHA)
+      {{17}, 8, 2, 16, true, 0},           // GQA ratio 4
+      {{13}, 4, 1, 64, true, 0.3},         // MQA, explicit scale
+      {{1, 5, 3, 17}, 8, 2, 8, true, 0},   // several sequences, one of length 1
+      {{1, 5, 3, 17}, 4, 4, 8, false, 0},  // several sequences, not causal
+      {{7, 9}, 4, 1, 128, false, 0.05},    // non-causal MQA
+      {{33, 2, 12}, 12, 4, 64, true, 0},   // GQA ratio 3
   };
   for (const AttnCase& c : cases) {
     int64_t T = 0;
@@ -478,14 +487,13 @@ TEST(CpuReference, AttentionDecode) {
   };
   const Case cases[] = {
       {{1}, 1, 1, 1, 1},
-      {{5, 1, 19, 12}, 19, 4, 4, 16},   // mixed lengths, GQA ratio 1
-      {{5, 1, 19, 12}, 19, 8, 2, 64},   // mixed lengths, GQA ratio 4
-      {{33, 7, 2}, 40, 4, 1, 128},      // MQA, lengths < L
+      {{5, 1, 19, 12}, 19, 4, 4, 16},  // mixed lengths, GQA ratio 1
+      {{5, 1, 19, 12}, 19, 8, 2, 64},  // mixed lengths, GQA ratio 4
+      {{33, 7, 2}, 40, 4, 1, 128},     // MQA, lengths < L
   };
   for (const Case& c : cases) {
     const int64_t B = static_cast<int64_t>(c.lengths.size());
-    SCOPED_TRACE(testing::Message() << "B=" << B << " L=" << c.L << " Hq=" << c.Hq << " Hkv=" << c.Hkv
-                                    << " D=" << c.D);
+    SCOPED_TRACE(testing::Message() << "B=" << B << " L=" << c.L << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D);
     const Vec q = Random(B * c.Hq * c.D, Seed({32, B, c.L, c.Hq, c.D}), -2.0f, 2.0f);
     Vec kc = Random(B * c.L * c.Hkv * c.D, Seed({33, B, c.L, c.Hkv, c.D}), -2.0f, 2.0f);
     Vec vc = Random(B * c.L * c.Hkv * c.D, Seed({34, B, c.L, c.Hkv, c.D}));
@@ -497,8 +505,7 @@ TEST(CpuReference, AttentionDecode) {
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
     Vec o = Poisoned(q.size());
-    cpu::AttentionDecode(q.data(), kc.data(), vc.data(), c.lengths.data(), B, c.L, c.Hq, c.Hkv, c.D, scale,
-                         o.data());
+    cpu::AttentionDecode(q.data(), kc.data(), vc.data(), c.lengths.data(), B, c.L, c.Hq, c.Hkv, c.D, scale, o.data());
     DVec want(q.size());
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < c.Hq; ++h) {

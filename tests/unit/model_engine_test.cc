@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/reference.h"
-#include "server/engine.h"
 
 namespace fusedserve {
 namespace {
@@ -85,9 +85,8 @@ TEST(SamplerTest, TopPPrefixSortMatchesFullSort) {
   auto reference = [&](const SamplingParams& p, SamplerRng& rng) {
     std::vector<int32_t> idx(V);
     std::iota(idx.begin(), idx.end(), 0);
-    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
+    std::sort(idx.begin(), idx.end(),
+              [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
     const double mx = logits[idx[0]], inv_t = 1.0 / p.temperature;
     const int64_t keep0 = p.top_k > 0 && p.top_k < V ? p.top_k : V;
     std::vector<double> prob(keep0);
@@ -127,9 +126,9 @@ TEST(SamplerTest, TopPPrefixSortMatchesFullSort) {
 TEST(SamplerTest, GreedyNanAndTies) {
   const float nan = std::nanf("");
   std::vector<float> a = {nan, 1.0f, 3.0f, 3.0f, nan};
-  EXPECT_EQ(GreedyToken(a.data(), 5), 2);
+  EXPECT_EQ(cpu::GreedyToken(a.data(), 5), 2);
   std::vector<float> all_nan = {nan, nan};
-  EXPECT_EQ(GreedyToken(all_nan.data(), 2), 0);
+  EXPECT_EQ(cpu::GreedyToken(all_nan.data(), 2), 0);
 }
 
 std::unique_ptr<ModelRunner> TinyRunner(uint64_t seed = 3) {

@@ -12,16 +12,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/config.h"
+#include "model/weights.h"
 #include "nlohmann/json.hpp"
-#include "server/model_config.h"
-#include "server/model_weights.h"
 #include "tests/unit/run_in_child.h"
 
 namespace fusedserve {
@@ -67,7 +67,8 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, RawTe
   header["__metadata__"] = {{"format", "pt"}};
   std::string data;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    header[name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
     data += t.bytes;
   }
   std::string h = header_override.empty() ? header.dump() : header_override;
@@ -175,19 +176,21 @@ TEST(ModelConfigTest, RejectsUnsupported) {
   EXPECT_NE(std::string(ConfigFromHfJson(j.dump(), "cfg").status().message()).find("yarn"), std::string::npos);
   j = TinyConfigJson();
   j.erase("vocab_size");
-  EXPECT_NE(std::string(ConfigFromHfJson(j.dump(), "cfg").status().message()).find("vocab_size"),
-            std::string::npos);
+  EXPECT_NE(std::string(ConfigFromHfJson(j.dump(), "cfg").status().message()).find("vocab_size"), std::string::npos);
   EXPECT_FALSE(ConfigFromHfJson("{not json", "cfg").ok());
 }
 
 // Every size field has a cap, checked on config.json alone; the error names
 // the field and the limit.
 TEST(ModelConfigTest, RejectsAbsurdSizesNamingFieldAndLimit) {
-  const std::vector<std::pair<std::string, int64_t>> cases = {
-      {"num_hidden_layers", kMaxLayers},          {"hidden_size", kMaxHidden},
-      {"intermediate_size", kMaxIntermediate},    {"num_attention_heads", kMaxHeads},
-      {"num_key_value_heads", kMaxHeads},         {"head_dim", kMaxHeadDim},
-      {"vocab_size", kMaxVocab},                  {"max_position_embeddings", kMaxPositions}};
+  const std::vector<std::pair<std::string, int64_t>> cases = {{"num_hidden_layers", kMaxLayers},
+                                                              {"hidden_size", kMaxHidden},
+                                                              {"intermediate_size", kMaxIntermediate},
+                                                              {"num_attention_heads", kMaxHeads},
+                                                              {"num_key_value_heads", kMaxHeads},
+                                                              {"head_dim", kMaxHeadDim},
+                                                              {"vocab_size", kMaxVocab},
+                                                              {"max_position_embeddings", kMaxPositions}};
   for (const auto& [field, limit] : cases) {
     for (const json& value : {json(1000000000), json(limit + 1), json(uint64_t{18446744073709551615u})}) {
       json j = TinyConfigJson();
@@ -302,8 +305,7 @@ TEST(SafetensorsTest, RejectsCorruptFiles) {
   // Not JSON.
   WriteSafetensors(path, {}, "[1, 2");
   EXPECT_FALSE(SafetensorsFile::Open(path).ok());
-  EXPECT_EQ(SafetensorsFile::Open(dir.path() + "/missing.safetensors").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(SafetensorsFile::Open(dir.path() + "/missing.safetensors").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(SafetensorsTest, RejectsOverlappingTensors) {
@@ -426,7 +428,10 @@ TEST(CheckpointTest, ErrorsNameTheTensor) {
   const std::vector<Case> cases = {
       {"missing", [](auto& t) { t.erase("model.layers.1.mlp.up_proj.weight"); },
        "missing tensor 'model.layers.1.mlp.up_proj.weight'"},
-      {"shape", [](auto& t) { t["model.layers.0.self_attn.k_proj.weight"] = F32Tensor({8, 8}, 0); },
+      {"shape",
+       [](auto& t) {
+         t["model.layers.0.self_attn.k_proj.weight"] = F32Tensor({8, 8}, 0);
+       },
        "'model.layers.0.self_attn.k_proj.weight'"},
       {"dtype",
        [](auto& t) {
@@ -435,7 +440,10 @@ TEST(CheckpointTest, ErrorsNameTheTensor) {
          t["model.norm.weight"] = r;
        },
        "'model.norm.weight'"},
-      {"extra", [](auto& t) { t["model.layers.2.mlp.up_proj.weight"] = F32Tensor({12, 8}, 0); },
+      {"extra",
+       [](auto& t) {
+         t["model.layers.2.mlp.up_proj.weight"] = F32Tensor({12, 8}, 0);
+       },
        "unexpected tensor 'model.layers.2.mlp.up_proj.weight'"},
   };
   for (const Case& k : cases) {

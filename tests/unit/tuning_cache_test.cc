@@ -6,6 +6,8 @@
 // followed, unwritable directories, and a warm restart
 // that times nothing. A fake Tuner stands in for the GPU so the whole
 // Warmup() path runs.
+#include "warmup/tuning_cache.h"
+
 #include <dirent.h>
 #include <grp.h>
 #include <signal.h>
@@ -27,11 +29,10 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/run_in_child.h"
 #include "warmup/autotuner.h"
 #include "warmup/envelope.h"
-#include "warmup/tuning_cache.h"
 #include "warmup/warmup.h"
-#include "tests/unit/run_in_child.h"
 
 namespace fusedserve {
 namespace {
@@ -323,13 +324,13 @@ TEST(TuningCache, OtherSchemaIsNeverWritten) {
 }
 
 TEST(TuningCache, CorruptFileIsSetAsideAndRebuilt) {
-  for (const std::string& garbage : {std::string("{\"schema\": 1, \"sections\": [{\"stamp\""),  // truncated
-                                    std::string("\x00\x01garbage", 9),
-                                    std::string(R"({"schema": 1, "sections": [{"stamp": {"device": 3}}]})"),
-                                    std::string(R"({"schema": 1, "sections": [{"stamp": )") +
-                                        R"({"device": "Test GPU", "compute_capability": "9.0", "driver": 13000, )" +
-                                        R"("cuda_runtime": 13000, "cublaslt": 130000, "kernel_hash": "h1"}, )" +
-                                        R"("entries": [{"op": "rms_norm", "dtype": "bf16", "key": [-1, 2]}]}]})"}) {
+  for (const std::string& garbage :
+       {std::string("{\"schema\": 1, \"sections\": [{\"stamp\""),  // truncated
+        std::string("\x00\x01garbage", 9), std::string(R"({"schema": 1, "sections": [{"stamp": {"device": 3}}]})"),
+        std::string(R"({"schema": 1, "sections": [{"stamp": )") +
+            R"({"device": "Test GPU", "compute_capability": "9.0", "driver": 13000, )" +
+            R"("cuda_runtime": 13000, "cublaslt": 130000, "kernel_hash": "h1"}, )" +
+            R"("entries": [{"op": "rms_norm", "dtype": "bf16", "key": [-1, 2]}]}]})"}) {
     const std::string dir = MakeTempDir();
     const std::string path = dir + "/cache.json";
     WriteFile(path, garbage);
@@ -691,9 +692,10 @@ TEST(TuningService, ColdStartTunesWarmRestartBenchmarksNothing) {
   // Progress lines name the entry, the candidates, the winner and the default.
   bool progress = false;
   for (const std::string& l : lines) {
-    progress |= l.rfind("tuning 1/", 0) == 0 && l.find("rms_norm bf16 M=1 H=64: 4 candidates, best c1 8.00 us "
-                                                           "(default 10.0 us); rejected 1 (c3: mismatch)") !=
-                                                    std::string::npos;
+    progress |=
+        l.rfind("tuning 1/", 0) == 0 && l.find(
+                                            "rms_norm bf16 M=1 H=64: 4 candidates, best c1 8.00 us "
+                                            "(default 10.0 us); rejected 1 (c3: mismatch)") != std::string::npos;
   }
   EXPECT_TRUE(progress);
   std::optional<TuningEntry> e = TuningCache::Open(o.cache_path, Stamp())->Find("rms_norm", DType::kBF16, {4, 64});

@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "engine/sampler.h"
 #include "kernels/cpu/reference.h"
-#include "server/engine_sampler.h"
-#include "server/model_runner.h"
+#include "model/runner.h"
 
 namespace fusedserve {
 
@@ -124,9 +124,8 @@ class CpuModelRunner final : public ModelRunner {
       }
     }
     for (int64_t l = 0; l < c_.layers; ++l) {
-      RunLayer(l, T, positions.data(), x.data(), [&](const float* q, const float* k, const float* v, float* o) {
-        PagedAttention(l, batch, q, k, v, o);
-      });
+      RunLayer(l, T, positions.data(), x.data(),
+               [&](const float* q, const float* k, const float* v, float* o) { PagedAttention(l, batch, q, k, v, o); });
     }
     // Logits of each sequence's last token.
     const int64_t B = static_cast<int64_t>(batch.size());
@@ -140,7 +139,7 @@ class CpuModelRunner final : public ModelRunner {
     out->logits.resize(B * c_.vocab);
     Gemm(normed.data(), c_.tied_embeddings ? embed_.data() : lm_head_.data(), B, D, c_.vocab, out->logits.data());
     out->greedy.resize(B);
-    for (int64_t b = 0; b < B; ++b) out->greedy[b] = GreedyToken(out->logits.data() + b * c_.vocab, c_.vocab);
+    for (int64_t b = 0; b < B; ++b) out->greedy[b] = cpu::GreedyToken(out->logits.data() + b * c_.vocab, c_.vocab);
     return absl::OkStatus();
   }
 
@@ -255,8 +254,8 @@ class CpuModelRunner final : public ModelRunner {
 
   // Writes the batch's new K/V into the cache, then attends each new token
   // over its sequence's cache rows [0, position]. q, o [T,Hq,Dh]; k, v [T,Hkv,Dh]
-  void PagedAttention(int64_t l, const std::vector<SeqForward>& batch, const float* q, const float* k,
-                      const float* v, float* o) {
+  void PagedAttention(int64_t l, const std::vector<SeqForward>& batch, const float* q, const float* k, const float* v,
+                      float* o) {
     const int64_t Hq = c_.q_heads, Hkv = c_.kv_heads, Dh = c_.head_dim, kvd = c_.kv_dim();
     const int64_t group = Hq / Hkv;
     const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));

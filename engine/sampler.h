@@ -28,11 +28,7 @@ class SamplerRng {
   uint64_t s_[4];
 };
 
-// The greedy token: the lowest index of the largest logit; NaN counts as
-// lower than every number (the rule of the CUDA runner's device argmax).
-int32_t GreedyToken(const float* logits, int64_t vocab);
-
-// Picks a token from logits [vocab]. Greedy (temperature <= 0) is GreedyToken.
+// Picks a token from logits [vocab]. Greedy (temperature <= 0) is cpu::GreedyToken.
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params, SamplerRng& rng);
 
 }  // namespace fusedserve

@@ -1,5 +1,5 @@
 // Launchers for the MLP helpers around the cuBLASLt GEMMs (kernels in
-// mlp.cu): the elementwise epilogues cuBLASLt lacks (SiLU, erf-GELU), the
+// gemv.cu): the elementwise epilogues cuBLASLt lacks (SiLU, erf-GELU), the
 // SwiGLU activation between the two GEMMs of swiglu_mlp, and a
 // bandwidth-bound GEMV for few rows (M <= kGemvMaxM) that fuses bias,
 // activation or the whole SwiGLU gate into the weight stream.
@@ -41,7 +41,7 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
 CudaStatus LaunchGemv(const GemmArgs& args, cudaStream_t stream);
 // h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up], in one pass
 // over gate_up.   x [M,D]; gate_up [2I,D]; h [M,I]
-CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
-                            void* h, cudaStream_t stream);
+CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                            cudaStream_t stream);
 
 }  // namespace fusedserve

@@ -1,4 +1,4 @@
-// MLP helper kernels (see mlp.h).
+// MLP helper kernels (see gemv.h).
 //   v1 elementwise: activation in place, SwiGLU gate (silu(g) * u); 16-byte
 //      vectors when sizes and alignment allow, else one element per thread.
 //   v2 GEMV: a warp owns pairs of weight rows (linear: rows n, n+1; SwiGLU: gate
@@ -11,16 +11,15 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/mlp.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 
 namespace fusedserve {
 namespace {
 
 using cuda::FromFloat;  // shared dtype conversions (common.cuh)
 using cuda::ToFloat;
-
 
 // 16 bytes of T as floats and back.
 template <typename T>
@@ -42,13 +41,16 @@ struct Vec16 {
 
 __device__ __forceinline__ float Act(float x, Activation act) {
   switch (act) {
-    case Activation::kSilu: return x / (1.0f + __expf(-x));
-    case Activation::kGeluErf: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case Activation::kSilu:
+      return x / (1.0f + __expf(-x));
+    case Activation::kGeluErf:
+      return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case Activation::kGeluTanh: {
       const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
       return 0.5f * x * (1.0f + tanhf(u));
     }
-    default: return x;
+    default:
+      return x;
   }
 }
 __device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
@@ -119,7 +121,7 @@ __global__ void SiluAndMulKernel(const T* __restrict__ x,  // [M,2I]
 
 // ---- GEMV -------------------------------------------------------------------
 
-constexpr int kGemvWarps = 4;  // 128 threads: small blocks keep the last wave short
+constexpr int kGemvWarps = 4;   // 128 threads: small blocks keep the last wave short
 constexpr int kGemvUnroll = 4;  // 16-byte vectors per weight row in flight per lane
 
 struct GemvParams {
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
       __syncthreads();
     }
     if (!live || slice != 0) continue;
-    // Lane m writes row m's outputs.
+      // Lane m writes row m's outputs.
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       if (lane == m && m < p.M) {
@@ -292,10 +294,14 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
 template <bool kSwiglu>
 CudaStatus LaunchGemvDtype(DType dtype, const GemvParams& p, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kBF16: return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, stream);
-    case DType::kF16: return LaunchGemvT<__half, kSwiglu>(p, stream);
-    case DType::kF32: return LaunchGemvT<float, kSwiglu>(p, stream);
-    default: return CudaStatus::Error("GEMV: unsupported dtype");
+    case DType::kBF16:
+      return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, stream);
+    case DType::kF16:
+      return LaunchGemvT<__half, kSwiglu>(p, stream);
+    case DType::kF32:
+      return LaunchGemvT<float, kSwiglu>(p, stream);
+    default:
+      return CudaStatus::Error("GEMV: unsupported dtype");
   }
 }
 
@@ -309,18 +315,25 @@ CudaStatus LaunchActivationInPlace(DType dtype, int64_t n, Activation act, void*
   const int blocks = Blocks(work, kThreads);
   switch (dtype) {
     case DType::kBF16:
-      if (vec) ActivationKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(y), n, act);
-      else ActivationKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(y), n, act);
+      if (vec)
+        ActivationKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(y), n, act);
+      else
+        ActivationKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(y), n, act);
       break;
     case DType::kF16:
-      if (vec) ActivationKernel<__half, true><<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(y), n, act);
-      else ActivationKernel<__half, false><<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(y), n, act);
+      if (vec)
+        ActivationKernel<__half, true><<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(y), n, act);
+      else
+        ActivationKernel<__half, false><<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(y), n, act);
       break;
     case DType::kF32:
-      if (vec) ActivationKernel<float, true><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(y), n, act);
-      else ActivationKernel<float, false><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(y), n, act);
+      if (vec)
+        ActivationKernel<float, true><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(y), n, act);
+      else
+        ActivationKernel<float, false><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(y), n, act);
       break;
-    default: return CudaStatus::Error("activation: unsupported dtype");
+    default:
+      return CudaStatus::Error("activation: unsupported dtype");
   }
   return FS_CUDA_CHECK_LAUNCH();
 }
@@ -340,10 +353,11 @@ CudaStatus LaunchBiasActivation(DType dtype, int64_t M, int64_t N, const void* b
                                                             M, N, act);
       break;
     case DType::kF32:
-      BiasActivationKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(bias), static_cast<float*>(y),
-                                                            M, N, act);
+      BiasActivationKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(bias), static_cast<float*>(y), M,
+                                                            N, act);
       break;
-    default: return CudaStatus::Error("bias activation: unsupported dtype");
+    default:
+      return CudaStatus::Error("bias activation: unsupported dtype");
   }
   return FS_CUDA_CHECK_LAUNCH();
 }
@@ -358,25 +372,32 @@ CudaStatus LaunchMlpSiluAndMul(DType dtype, int64_t M, int64_t I, const void* x,
     case DType::kBF16: {
       auto* xs = static_cast<const __nv_bfloat16*>(x);
       auto* ys = static_cast<__nv_bfloat16*>(y);
-      if (vec) SiluAndMulKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
-      else SiluAndMulKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      if (vec)
+        SiluAndMulKernel<__nv_bfloat16, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      else
+        SiluAndMulKernel<__nv_bfloat16, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
       break;
     }
     case DType::kF16: {
       auto* xs = static_cast<const __half*>(x);
       auto* ys = static_cast<__half*>(y);
-      if (vec) SiluAndMulKernel<__half, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
-      else SiluAndMulKernel<__half, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      if (vec)
+        SiluAndMulKernel<__half, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      else
+        SiluAndMulKernel<__half, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
       break;
     }
     case DType::kF32: {
       auto* xs = static_cast<const float*>(x);
       auto* ys = static_cast<float*>(y);
-      if (vec) SiluAndMulKernel<float, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
-      else SiluAndMulKernel<float, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      if (vec)
+        SiluAndMulKernel<float, true><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
+      else
+        SiluAndMulKernel<float, false><<<blocks, kThreads, 0, stream>>>(xs, ys, M, I);
       break;
     }
-    default: return CudaStatus::Error("silu_and_mul: unsupported dtype");
+    default:
+      return CudaStatus::Error("silu_and_mul: unsupported dtype");
   }
   return FS_CUDA_CHECK_LAUNCH();
 }
@@ -393,8 +414,8 @@ CudaStatus LaunchGemv(const GemmArgs& g, cudaStream_t stream) {
   return LaunchGemvDtype<false>(g.dtype, p, stream);
 }
 
-CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
-                            void* h, cudaStream_t stream) {
+CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                            cudaStream_t stream) {
   if (!GemvSupported(dtype, M, D, x, gate_up)) return CudaStatus::Error("GEMV SwiGLU: unsupported problem");
   if (I == 0) return CudaStatus::Ok();
   const GemvParams p{x, gate_up, nullptr, h, M, I, D, Activation::kNone};

@@ -1,5 +1,5 @@
-// KV cache block allocator (see engine_kv_cache.h).
-#include "server/engine_kv_cache.h"
+// KV cache block allocator (see block_allocator.h).
+#include "engine/block_allocator.h"
 
 namespace fusedserve {
 

@@ -1,9 +1,9 @@
-#include "server/metrics.h"
+#include "telemetry/metrics.h"
 
 #include <exception>
 #include <vector>
 
-#include "server/log.h"
+#include "telemetry/log.h"
 
 namespace fusedserve {
 namespace {

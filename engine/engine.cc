@@ -1,11 +1,11 @@
 // The generation engine's scheduler loop (see engine.h).
-#include "server/engine.h"
+#include "engine/engine.h"
 
 #include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "server/log.h"
+#include "telemetry/log.h"
 
 namespace fusedserve {
 
@@ -50,8 +50,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
   const int64_t capacity = blocks * o.kv_block_size;
   int64_t max_seq = o.max_seq_len > 0 ? o.max_seq_len : std::min<int64_t>(c.max_position, 8192);
   if (max_seq > capacity) {
-    LogWarning(absl::StrCat("max sequence length ", max_seq, " capped to the KV cache capacity (", blocks,
-                            " blocks x ", o.kv_block_size, " = ", capacity, " positions)"));
+    LogWarning(absl::StrCat("max sequence length ", max_seq, " capped to the KV cache capacity (", blocks, " blocks x ",
+                            o.kv_block_size, " = ", capacity, " positions)"));
     max_seq = capacity;
   }
   if (max_seq < 2) return absl::InvalidArgumentError("the KV cache holds fewer than 2 positions");
@@ -64,10 +64,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
 }
 
 Engine::Engine(std::unique_ptr<ModelRunner> runner, Metrics* metrics, EngineOptions options, int64_t num_blocks)
-    : runner_(std::move(runner)),
-      metrics_(metrics),
-      options_(options),
-      blocks_(num_blocks, options.kv_block_size) {}
+    : runner_(std::move(runner)), metrics_(metrics), options_(options), blocks_(num_blocks, options.kv_block_size) {}
 
 Engine::~Engine() { Shutdown(); }
 
@@ -76,8 +73,8 @@ absl::Status Engine::Submit(GenerationRequest r, std::shared_ptr<GenerationSink>
   if (r.prompt.empty()) return absl::InvalidArgumentError("prompt_token_ids: at least one token is required");
   for (size_t i = 0; i < r.prompt.size(); ++i) {
     if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", r.prompt[i],
-                                                     " is outside the vocabulary [0, ", c.vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt_token_ids[", i, "] = ", r.prompt[i], " is outside the vocabulary [0, ", c.vocab, ")"));
     }
   }
   if (static_cast<int64_t>(r.prompt.size()) >= options_.max_seq_len) {
@@ -111,8 +108,8 @@ absl::Status Engine::Submit(GenerationRequest r, std::shared_ptr<GenerationSink>
     absl::MutexLock lock(&mu_);
     if (stop_) return absl::UnavailableError("server is shutting down");
     if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
-      return absl::ResourceExhaustedError(absl::StrCat("generation queue is full (", options_.max_waiting,
-                                                       " requests waiting); retry later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("generation queue is full (", options_.max_waiting, " requests waiting); retry later"));
     }
     waiting_.push_back(std::move(seq));
     if (metrics_ != nullptr) metrics_->requests_waiting().Set(static_cast<double>(waiting_.size()));

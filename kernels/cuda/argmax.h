@@ -1,7 +1,7 @@
 // Greedy token choice on the device: the argmax of each row of the logits,
 // so a decode step copies B token ids to the host instead of B x vocab
 // logits (256 KB a row for a 128K vocabulary) and the host scans nothing.
-// Plain C++ header; kernel in sampling.cu.
+// Plain C++ header; kernel in argmax.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,10 +18,10 @@ namespace fusedserve::cuda {
 size_t ArgmaxWorkspaceBytes(int64_t rows);
 
 // out[r] = the lowest index i with logits[r, i] == max_j logits[r, j] (the
-// host sampler's GreedyToken). NaN counts as lower than every number; an
+// CPU reference cpu::GreedyToken). NaN counts as lower than every number; an
 // all-NaN row gives 0. A null workspace runs one CTA per row.
 //   logits [rows, vocab] (float dtype); out [rows] int32
-CudaStatus LaunchArgmaxRows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int32_t* out,
-                            void* workspace, cudaStream_t stream);
+CudaStatus LaunchArgmaxRows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int32_t* out, void* workspace,
+                            cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

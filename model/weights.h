@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/model_config.h"
+#include "model/config.h"
 
 namespace fusedserve {
 
@@ -76,7 +76,7 @@ class ModelWeights {
   static absl::StatusOr<std::unique_ptr<ModelWeights>> LoadCheckpoint(const std::string& dir);
   // Validates already opened files against a config (LoadCheckpoint's second half).
   static absl::StatusOr<std::unique_ptr<ModelWeights>> FromFiles(ModelConfig config,
-                                                                  std::vector<std::unique_ptr<SafetensorsFile>> files);
+                                                                 std::vector<std::unique_ptr<SafetensorsFile>> files);
   // Random weights in config.dtype: linear weights uniform with std
   // 1/sqrt(fan_in), embeddings std 1, norm weights 1. Same seed -> same weights.
   static std::unique_ptr<ModelWeights> Random(const ModelConfig& config, uint64_t seed);

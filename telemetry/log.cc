@@ -1,4 +1,4 @@
-#include "server/log.h"
+#include "telemetry/log.h"
 
 #include <cstdio>
 

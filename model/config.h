@@ -19,15 +19,15 @@ namespace fusedserve {
 // several times the largest LLaMA-family model published (Llama-3.1-405B: 126
 // layers, hidden 16384, intermediate 53248, 128 heads, head_dim 128, vocab
 // 128256, 131072 positions), so no real checkpoint comes near them.
-inline constexpr int64_t kMaxLayers = 1024;              // num_hidden_layers
-inline constexpr int64_t kMaxHidden = 65536;             // hidden_size
-inline constexpr int64_t kMaxIntermediate = 262144;      // intermediate_size
-inline constexpr int64_t kMaxHeads = 1024;               // num_attention_heads, num_key_value_heads
-inline constexpr int64_t kMaxHeadDim = 512;              // head_dim
-inline constexpr int64_t kMaxVocab = int64_t{1} << 22;   // vocab_size (4194304)
+inline constexpr int64_t kMaxLayers = 1024;                 // num_hidden_layers
+inline constexpr int64_t kMaxHidden = 65536;                // hidden_size
+inline constexpr int64_t kMaxIntermediate = 262144;         // intermediate_size
+inline constexpr int64_t kMaxHeads = 1024;                  // num_attention_heads, num_key_value_heads
+inline constexpr int64_t kMaxHeadDim = 512;                 // head_dim
+inline constexpr int64_t kMaxVocab = int64_t{1} << 22;      // vocab_size (4194304)
 inline constexpr int64_t kMaxPositions = int64_t{1} << 20;  // max_position_embeddings (1048576)
 // Total parameters (~2.2e12, 5x Llama-3.1-405B). Within the caps above the
-// count cannot overflow int64 (static_assert in model_config.cc).
+// count cannot overflow int64 (static_assert in config.cc).
 inline constexpr int64_t kMaxParameters = int64_t{1} << 41;
 // config.json is a few KB; anything near this is not a config.
 inline constexpr int64_t kMaxConfigJsonBytes = int64_t{1} << 20;

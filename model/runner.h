@@ -1,7 +1,7 @@
 // ModelRunner: the device side of the hosted model. The engine owns the
 // scheduling (which sequences run, their KV block tables); a runner owns the
 // weights and the KV cache storage and runs one forward step over a batch of
-// sequences. The CPU runner (model_cpu_runner.cc, plain loops on the CPU
+// sequences. The CPU runner (cpu_runner.cc, plain loops on the CPU
 // reference ops) is the oracle and the fallback; a CUDA runner (device
 // weights, the project's kernels, CUDA-graph decode steps) plugs in here.
 #pragma once
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/model_config.h"
-#include "server/model_weights.h"
+#include "model/config.h"
+#include "model/weights.h"
 
 namespace fusedserve {
 
@@ -80,7 +80,6 @@ class ModelRunner {
 
 // The CPU runner: weights converted to fp32 once, KV cache in fp32.
 // `threads` parallelises the GEMMs (0 = hardware concurrency).
-absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights,
-                                                                 int threads = 1);
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights, int threads = 1);
 
 }  // namespace fusedserve

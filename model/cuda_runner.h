@@ -1,6 +1,6 @@
-// The CUDA ModelRunner (model_cuda_runner.cc): weights on the device in the
+// The CUDA ModelRunner (cuda_runner.cc): weights on the device in the
 // model dtype, a paged KV cache in device memory, the forward step on the
-// project's kernels (norm.h, gemm.h, mlp.h, attention.h, paged_attention.h),
+// project's kernels (norm.h, gemm.h, gemv.h, attention.h, paged_attention.h),
 // pure-decode steps replayed from CUDA graphs captured per batch bucket.
 // Only built with CUDA (FUSEDSERVE_HAVE_CUDA).
 #pragma once
@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "server/model_runner.h"
+#include "model/runner.h"
 
 namespace fusedserve {
 
@@ -27,12 +27,12 @@ struct CudaModelRunnerOptions {
 };
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,
-                                                                  const CudaModelRunnerOptions& options);
+                                                                 const CudaModelRunnerOptions& options);
 
 // KV cache blocks of block_size positions that fit in `fraction` of the
 // device's free memory, less `reserve_bytes` (call after MakeCudaModelRunner:
 // weights and step buffers are already taken).
-absl::StatusOr<int64_t> CudaKvCacheBlocks(const ModelRunner& runner, int device, int64_t block_size,
-                                          double fraction, int64_t reserve_bytes);
+absl::StatusOr<int64_t> CudaKvCacheBlocks(const ModelRunner& runner, int device, int64_t block_size, double fraction,
+                                          int64_t reserve_bytes);
 
 }  // namespace fusedserve

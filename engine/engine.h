@@ -29,10 +29,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/engine_kv_cache.h"
-#include "server/engine_sampler.h"
-#include "server/metrics.h"
-#include "server/model_runner.h"
+#include "engine/block_allocator.h"
+#include "engine/sampler.h"
+#include "model/runner.h"
+#include "telemetry/metrics.h"
 
 namespace fusedserve {
 

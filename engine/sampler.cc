@@ -1,10 +1,12 @@
-// Token sampling (see engine_sampler.h).
-#include "server/engine_sampler.h"
+// Token sampling (see sampler.h).
+#include "engine/sampler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
+
+#include "kernels/cpu/reference.h"
 
 namespace fusedserve {
 namespace {
@@ -37,19 +39,10 @@ uint64_t SamplerRng::Next() {
   return result;
 }
 
-int32_t GreedyToken(const float* logits, int64_t vocab) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < vocab; ++i) {
-    // Strictly greater keeps the lowest index; a NaN best is replaced by any number.
-    if (logits[i] > logits[best] || (std::isnan(logits[best]) && !std::isnan(logits[i]))) best = i;
-  }
-  return static_cast<int32_t>(best);
-}
-
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p, SamplerRng& rng) {
-  if (p.temperature <= 0.0f) return GreedyToken(logits, vocab);
+  if (p.temperature <= 0.0f) return cpu::GreedyToken(logits, vocab);
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
-  const double mx = logits[GreedyToken(logits, vocab)];
+  const double mx = logits[cpu::GreedyToken(logits, vocab)];
   const bool top_k = p.top_k > 0 && p.top_k < vocab;
   const bool top_p = p.top_p > 0.0f && p.top_p < 1.0f;
   if (!top_k && !top_p) {

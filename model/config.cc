@@ -1,5 +1,5 @@
 // Model presets and the Hugging Face config.json parser.
-#include "server/model_config.h"
+#include "model/config.h"
 
 #include <cmath>
 #include <cstdint>
@@ -60,18 +60,17 @@ absl::Status ModelConfig::Validate() const {
     int64_t value;
     int64_t max;
   };
-  for (const Size& s : {Size{"num_hidden_layers", layers, kMaxLayers}, Size{"hidden_size", hidden, kMaxHidden},
-                        Size{"intermediate_size", intermediate, kMaxIntermediate},
-                        Size{"num_attention_heads", q_heads, kMaxHeads},
-                        Size{"num_key_value_heads", kv_heads, kMaxHeads}, Size{"head_dim", head_dim, kMaxHeadDim},
-                        Size{"vocab_size", vocab, kMaxVocab},
-                        Size{"max_position_embeddings", max_position, kMaxPositions}}) {
+  for (const Size& s :
+       {Size{"num_hidden_layers", layers, kMaxLayers}, Size{"hidden_size", hidden, kMaxHidden},
+        Size{"intermediate_size", intermediate, kMaxIntermediate}, Size{"num_attention_heads", q_heads, kMaxHeads},
+        Size{"num_key_value_heads", kv_heads, kMaxHeads}, Size{"head_dim", head_dim, kMaxHeadDim},
+        Size{"vocab_size", vocab, kMaxVocab}, Size{"max_position_embeddings", max_position, kMaxPositions}}) {
     if (s.value <= 0) return bad(absl::StrCat(s.field, " must be positive (got ", s.value, ")"));
     if (s.value > s.max) return bad(absl::StrCat(s.field, " = ", s.value, " exceeds the limit of ", s.max));
   }
   if (q_heads % kv_heads != 0) {
-    return bad(absl::StrCat("num_attention_heads (", q_heads, ") must be a multiple of num_key_value_heads (",
-                            kv_heads, ")"));
+    return bad(
+        absl::StrCat("num_attention_heads (", q_heads, ") must be a multiple of num_key_value_heads (", kv_heads, ")"));
   }
   if (head_dim % 2 != 0) return bad(absl::StrCat("head_dim must be even for rope (got ", head_dim, ")"));
   if (!(rms_eps > 0) || !std::isfinite(rms_eps)) return bad("rms_norm_eps must be positive and finite");
@@ -130,8 +129,8 @@ absl::StatusOr<ModelConfig> PresetConfig(const std::string& name) {
     c.vocab = 128256;
     c.max_position = 8192;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown --model_preset '", name,
-                                                   "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --model_preset '", name, "' (known: ", absl::StrJoin(PresetNames(), ", "), ")"));
   }
   if (absl::Status s = c.Validate(); !s.ok()) return s;
   return c;
@@ -158,7 +157,8 @@ absl::StatusOr<int64_t> IntField(const json& j, const char* key, std::optional<i
     if (fallback.has_value()) return *fallback;
     return absl::InvalidArgumentError(absl::StrCat(name, ": missing integer '", key, "'"));
   }
-  if (!it->is_number_integer()) return absl::InvalidArgumentError(absl::StrCat(name, ": '", key, "' must be an integer"));
+  if (!it->is_number_integer())
+    return absl::InvalidArgumentError(absl::StrCat(name, ": '", key, "' must be an integer"));
   if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return INT64_MAX;
   return it->get<int64_t>();
 }

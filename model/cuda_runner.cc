@@ -10,7 +10,7 @@
 //               SwiGLU MLP, add_rms_norm -> final norm -> last-token rows ->
 //               LM head -> device argmax; the B token ids (and logits rows of
 //               sampled sequences) copied to the host for the engine.
-//   GEMMs       by token rows: <= 8 the GEMV (mlp.h), <= 32 the tensor-core
+//   GEMMs       by token rows: <= 8 the GEMV (gemv.h), <= 32 the tensor-core
 //               skinny GEMM (skinny_gemm.h), more cuBLASLt; the SwiGLU gate
 //               is fused into the first two (cuBLASLt: + silu_and_mul).
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
@@ -20,7 +20,7 @@
 //               block), captured when the KV cache is created.
 #ifdef FUSEDSERVE_HAVE_CUDA
 
-#include "server/model_cuda_runner.h"
+#include "model/cuda_runner.h"
 
 #include <cuda_runtime.h>
 
@@ -31,18 +31,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/argmax.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/mlp.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
-#include "kernels/cuda/sampling.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace fusedserve {
 namespace {
-
 
 absl::Status Cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
@@ -531,9 +530,9 @@ class CudaModelRunner final : public ModelRunner {
 
   // The step's indices (layout ix_), one host-to-device copy.
   absl::Status UploadIndices() {
-    return Cuda(cudaMemcpyAsync(didx_.get(), hidx_.as<int32_t>(), ix_.total * sizeof(int32_t),
-                                cudaMemcpyHostToDevice, stream_),
-                "step index upload");
+    return Cuda(
+        cudaMemcpyAsync(didx_.get(), hidx_.as<int32_t>(), ix_.total * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+        "step index upload");
   }
 
   // Copies out the greedy tokens and the logits rows that are wanted, then
@@ -553,10 +552,10 @@ class CudaModelRunner final : public ModelRunner {
       }
       int64_t e = b;
       while (e < B && batch[e].want_logits) ++e;
-      if (absl::Status status = Cuda(cudaMemcpyAsync(hlogits_.as<uint8_t>() + b * V * es_,
-                                                     logits_.as<uint8_t>() + b * V * es_, (e - b) * V * es_,
-                                                     cudaMemcpyDeviceToHost, stream_),
-                                     "logits download");
+      if (absl::Status status =
+              Cuda(cudaMemcpyAsync(hlogits_.as<uint8_t>() + b * V * es_, logits_.as<uint8_t>() + b * V * es_,
+                                   (e - b) * V * es_, cudaMemcpyDeviceToHost, stream_),
+                   "logits download");
           !status.ok())
         return status;
       b = e;
@@ -611,23 +610,23 @@ class CudaModelRunner final : public ModelRunner {
 
   // Enqueues the whole step (no host synchronisation: also what a graph holds).
   absl::Status EnqueueForward(const Step& st) {
-    if (absl::Status status =
-            CudaToAbsl(cuda::LaunchGatherRows(embed_.get(), Idx(ix_.tokens), st.T, c_.hidden * es_, x_[0].get(), stream_),
-                   "embedding");
+    if (absl::Status status = CudaToAbsl(
+            cuda::LaunchGatherRows(embed_.get(), Idx(ix_.tokens), st.T, c_.hidden * es_, x_[0].get(), stream_),
+            "embedding");
         !status.ok())
       return status;
     if (absl::Status status = EnqueueLayers(st, 0, c_.layers); !status.ok()) return status;
     // h holds final_norm(x); the LM head runs on each sequence's last row.
-    if (absl::Status status =
-            CudaToAbsl(cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
-                   "last rows");
+    if (absl::Status status = CudaToAbsl(
+            cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
+            "last rows");
         !status.ok())
       return status;
     if (absl::Status status = Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get()); !status.ok())
       return status;
-    return CudaToAbsl(cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(),
-                                         stream_),
-                  "greedy argmax");
+    return CudaToAbsl(
+        cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(), stream_),
+        "greedy argmax");
   }
 
   // Layers [first, end) over x_[0]; the residual ends in x_[0] again and h
@@ -668,8 +667,8 @@ class CudaModelRunner final : public ModelRunner {
         return status;
       cur = 1 - cur;
       if (GemvSupported(dt_, T, D, h_.get(), L.gate_up.get())) {
-        if (absl::Status status =
-                CudaToAbsl(LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu");
+        if (absl::Status status = CudaToAbsl(
+                LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu");
             !status.ok())
           return status;
       } else if (SkinnyGemmSupported(dt_, T, I, D, h_.get(), L.gate_up.get())) {
@@ -725,8 +724,8 @@ class CudaModelRunner final : public ModelRunner {
       a.D = Dh;
       a.causal = true;
       a.scale = scale;
-      if (absl::Status status =
-              CudaToAbsl(LaunchAttentionPrefill(a, DefaultPrefillBlockM(a, sm_count_), 4, stream_), "attention prefill");
+      if (absl::Status status = CudaToAbsl(LaunchAttentionPrefill(a, DefaultPrefillBlockM(a, sm_count_), 4, stream_),
+                                           "attention prefill");
           !status.ok())
         return status;
       if (st.block_layers) return absl::OkStatus();
@@ -846,7 +845,7 @@ class CudaModelRunner final : public ModelRunner {
   HostBuffer hlogits_;
   DeviceBuffer greedy_, argmax_ws_;
   HostBuffer hgreedy_;
-  StepIndex ix_;       // the current step's layout
+  StepIndex ix_;         // the current step's layout
   int64_t cap_idx_ = 0;  // int32 elements didx_/hidx_ hold
   DeviceBuffer didx_;
   HostBuffer hidx_;

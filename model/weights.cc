@@ -1,5 +1,5 @@
 // Safetensors reader (mmap), checkpoint validation and random weights.
-#include "server/model_weights.h"
+#include "model/weights.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -107,8 +107,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
                                                    " exceeds the limit of ", kMaxSafetensorsHeaderBytes, " bytes"));
   }
   if (header_len > size - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": safetensors header length ", header_len,
-                                                   " exceeds the file (", size, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": safetensors header length ", header_len, " exceeds the file (", size, " bytes)"));
   }
   const uint8_t* data = base + 8 + header_len;
   const size_t data_size = size - 8 - header_len;
@@ -158,8 +158,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
                               " bytes): truncated file?"));
     }
     if (end - begin != numel * elem) {
-      return bad(absl::StrCat("data_offsets span ", end - begin, " bytes but ", t.dtype_name, " ",
-                              ShapeStr(t.shape), " needs ", numel * elem));
+      return bad(absl::StrCat("data_offsets span ", end - begin, " bytes but ", t.dtype_name, " ", ShapeStr(t.shape),
+                              " needs ", numel * elem));
     }
     t.data = data + begin;
     t.bytes = end - begin;
@@ -228,11 +228,13 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadCheckpoint(const
     std::set<std::string> seen;
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map['", it.key(), "'] is not a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map['", it.key(), "'] is not a file name"));
       }
       const std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": shard name '", shard, "' must be a plain file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": shard name '", shard, "' must be a plain file name"));
       }
       weight_map[it.key()] = shard;
       if (seen.insert(shard).second) shard_names.push_back(shard);
@@ -240,8 +242,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadCheckpoint(const
   } else if (FileExists(dir + "/model.safetensors")) {
     shard_names.push_back("model.safetensors");
   } else {
-    return absl::NotFoundError(absl::StrCat("--model=", dir,
-                                            ": neither model.safetensors nor model.safetensors.index.json found"));
+    return absl::NotFoundError(
+        absl::StrCat("--model=", dir, ": neither model.safetensors nor model.safetensors.index.json found"));
   }
 
   std::vector<std::unique_ptr<SafetensorsFile>> files;
@@ -251,8 +253,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::LoadCheckpoint(const
     // The index must agree with the shards: a tensor listed for this shard must be in it.
     for (const auto& [name, file] : weight_map) {
       if (file == shard && (*f)->tensors().count(name) == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': listed in ", index_path, " for ", shard,
-                                                       " but not in that file"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", name, "': listed in ", index_path, " for ", shard, " but not in that file"));
       }
     }
     files.push_back(*std::move(f));
@@ -300,8 +302,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::FromFiles(
     }
     // Tolerated leftovers: rotary inv_freq buffers of old exports, and an
     // lm_head copy saved next to tied embeddings (ignored: the tie wins).
-    if (name.find("rotary_emb.inv_freq") != std::string::npos ||
-        (name == "lm_head.weight" && config.tied_embeddings)) {
+    if (name.find("rotary_emb.inv_freq") != std::string::npos || (name == "lm_head.weight" && config.tied_embeddings)) {
       it = w->tensors_.erase(it);
       continue;
     }

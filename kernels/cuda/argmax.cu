@@ -1,4 +1,4 @@
-// Row argmax (see sampling.h): each row is cut into chunks, one CTA of 256
+// Row argmax (see argmax.h): each row is cut into chunks, one CTA of 256
 // threads per (chunk, row) with kU 16-byte loads in flight per thread; a
 // CTA's best (value, index) goes to the workspace and the last CTA of a row
 // to finish picks among its chunks' (no second kernel). The tie rule (larger
@@ -7,8 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/argmax.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/sampling.h"
 
 namespace fusedserve::cuda {
 namespace {
@@ -42,8 +42,8 @@ __device__ __forceinline__ Best WarpBest(Best b) {
 constexpr int kNone = 0x7fffffff;  // index of "no candidate" (a NaN value)
 
 template <typename T, int kN>
-__global__ void __launch_bounds__(kThreads) ArgmaxRowsKernel(const T* logits, int vocab, int chunk, Best* partial,
-                                                              unsigned* done, int32_t* out) {
+__global__ void __launch_bounds__(kThreads)
+    ArgmaxRowsKernel(const T* logits, int vocab, int chunk, Best* partial, unsigned* done, int32_t* out) {
   __shared__ Best warp_best[kThreads / 32];
   __shared__ bool last;
   PdlEnter();
@@ -99,8 +99,8 @@ size_t ArgmaxWorkspaceBytes(int64_t rows) {
   return static_cast<size_t>(rows) * (kMaxChunks * sizeof(Best) + sizeof(unsigned));
 }
 
-CudaStatus LaunchArgmaxRows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int32_t* out,
-                            void* workspace, cudaStream_t stream) {
+CudaStatus LaunchArgmaxRows(DType dtype, const void* logits, int64_t rows, int64_t vocab, int32_t* out, void* workspace,
+                            cudaStream_t stream) {
   if (rows <= 0) return CudaStatus::Ok();
   if (vocab <= 0 || vocab >= (int64_t{1} << 30)) return CudaStatus::Unsupported("argmax: bad vocab");
   if (rows > 65535) return CudaStatus::Unsupported("argmax: too many rows");
@@ -119,10 +119,9 @@ CudaStatus LaunchArgmaxRows(DType dtype, const void* logits, int64_t rows, int64
     const int chunk = static_cast<int>(CeilDiv(passes, chunks) * pass);
     const dim3 grid(static_cast<unsigned>(CeilDiv(vocab, chunk)), static_cast<unsigned>(rows));
     const int v = static_cast<int>(vocab);
-    st = vec ? LaunchKernel(ArgmaxRowsKernel<T, kN>, grid, dim3(kThreads), 0, stream, 1, x, v, chunk, partial, done,
-                            out)
-             : LaunchKernel(ArgmaxRowsKernel<T, 1>, grid, dim3(kThreads), 0, stream, 1, x, v, chunk, partial, done,
-                            out);
+    st =
+        vec ? LaunchKernel(ArgmaxRowsKernel<T, kN>, grid, dim3(kThreads), 0, stream, 1, x, v, chunk, partial, done, out)
+            : LaunchKernel(ArgmaxRowsKernel<T, 1>, grid, dim3(kThreads), 0, stream, 1, x, v, chunk, partial, done, out);
   });
   return st;
 }

@@ -17,6 +17,8 @@ struct Engine::Sequence {
   int64_t generated = 0;
   int64_t cached = 0;           // positions whose K/V are in the cache
   std::vector<int32_t> blocks;  // block table
+  int64_t published = 0;        // leading blocks offered to the prefix cache
+  int64_t prefix_hit = 0;       // prompt positions found in the prefix cache at first admission
   SamplerRng rng{0};
   bool counted = false;  // prompt tokens already counted in the metrics
   absl::Time first_token_time = absl::InfinitePast();
@@ -64,7 +66,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<ModelRunn
 }
 
 Engine::Engine(std::unique_ptr<ModelRunner> runner, Metrics* metrics, EngineOptions options, int64_t num_blocks)
-    : runner_(std::move(runner)), metrics_(metrics), options_(options), blocks_(num_blocks, options.kv_block_size) {}
+    : runner_(std::move(runner)),
+      metrics_(metrics),
+      options_(options),
+      blocks_(num_blocks, options.kv_block_size, options.prefix_caching) {}
 
 Engine::~Engine() { Shutdown(); }
 
@@ -176,12 +181,14 @@ void Engine::UpdateGauges() {
   metrics_->requests_running().Set(static_cast<double>(running_.size()));
   metrics_->kv_cache_blocks_used().Set(static_cast<double>(blocks_.num_used()));
   metrics_->kv_cache_blocks_total().Set(static_cast<double>(blocks_.num_blocks()));
+  metrics_->kv_cache_blocks_cached().Set(static_cast<double>(blocks_.num_cached_idle()));
 }
 
 void Engine::FinishSequence(Sequence& seq, const absl::Status& status) {
   blocks_.Free(&seq.blocks);
   GenerationResult r;
   r.prompt_tokens = seq.prompt_len;
+  r.cached_prompt_tokens = seq.prefix_hit;
   r.generated_tokens = seq.generated;
   if (seq.generated > 0) {
     r.time_to_first_token_s = absl::ToDoubleSeconds(seq.first_token_time - seq.request.arrival);
@@ -329,15 +336,40 @@ void Engine::Loop() {
 }
 
 void Engine::Step() {
-  const absl::Time now = absl::Now();
+  DropStopped(absl::Now());
+  ReserveNextPositions();
+  // A piece of the current TransformerBlock call, like a running prompt's
+  // next chunk: at most a chunk, from the budget the decodes leave (at least
+  // one row, so it always advances).
+  int64_t decodes = 0;
+  for (const auto& s : running_) {
+    decodes += s->cached >= s->prompt_len && static_cast<int64_t>(s->tokens.size()) - s->cached == 1;
+  }
+  const int64_t block_rows =
+      RunBlockPiece(std::min(ChunkTokens(), std::max<int64_t>(1, options_.max_batched_tokens - decodes)));
+  Admit(options_.max_batched_tokens - block_rows);
+  UpdateGauges();
+  if (running_.empty()) return;
+  ForwardAndSample(options_.max_batched_tokens - block_rows);
+  UpdateGauges();
+}
+
+int64_t Engine::ChunkTokens() const {
+  return options_.prefill_chunk_tokens > 0 ? options_.prefill_chunk_tokens : std::numeric_limits<int64_t>::max();
+}
+
+int64_t Engine::NextChunk(const Sequence& s) const {
+  return std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.cached, ChunkTokens());
+}
+
+// 1. Cancelled / past-deadline sequences leave, running or waiting.
+void Engine::DropStopped(absl::Time now) {
   // The deadline first: gRPC also cancels a call whose deadline passed.
   auto stop_reason = [now](Sequence& s) -> absl::Status {
     if (now > s.request.deadline) return absl::DeadlineExceededError("deadline exceeded during generation");
     if (s.sink->IsCancelled()) return absl::CancelledError("generation cancelled");
     return absl::OkStatus();
   };
-
-  // 1. Cancelled / past-deadline sequences leave, running or waiting.
   for (auto it = running_.begin(); it != running_.end();) {
     if (absl::Status s = stop_reason(**it); !s.ok()) {
       FinishSequence(**it, s);
@@ -360,10 +392,13 @@ void Engine::Step() {
   }
   for (auto& [seq, s] : dropped) FinishSequence(*seq, s);
   ExpireBlocks(now);
+}
 
-  // 2. Room for each running sequence's next position; when blocks run out,
-  // the newest sequence goes back to the head of the queue (its tokens are
-  // recomputed when it is readmitted; its sampler state is kept).
+// 2. Room for each running sequence's next position; when blocks run out,
+// the newest sequence goes back to the head of the queue (its tokens are
+// recomputed when it is readmitted, from the prefix cache where its blocks
+// are still there; its sampler state is kept).
+void Engine::ReserveNextPositions() {
   for (size_t i = 0; i < running_.size();) {
     Sequence& s = *running_[i];
     if (blocks_.EnsureCapacity(&s.blocks, static_cast<int64_t>(s.tokens.size()))) {
@@ -374,33 +409,22 @@ void Engine::Step() {
     running_.pop_back();
     blocks_.Free(&victim->blocks);
     victim->cached = 0;
+    victim->published = 0;
     {
       absl::MutexLock lock(&mu_);
       waiting_.push_front(std::move(victim));
     }
     // Retry the same index (it may have been the victim itself).
   }
+}
 
-  // A piece of the current TransformerBlock call, like a running prompt's
-  // next chunk: at most a chunk, from the budget the decodes leave (at least
-  // one row, so it always advances).
+// 3. Admission, FIFO, within the running, token and block limits. The
+// token budget left after the decodes, the block piece and the running
+// prompts' next chunks decides whether a new prompt can start this step.
+// A prompt starts after its longest prefix found in the prefix cache.
+void Engine::Admit(int64_t budget) {
   const bool chunked = options_.prefill_chunk_tokens > 0;
-  const int64_t chunk = chunked ? options_.prefill_chunk_tokens : std::numeric_limits<int64_t>::max();
-  int64_t decodes = 0;
-  for (const auto& s : running_) {
-    decodes += s->cached >= s->prompt_len && static_cast<int64_t>(s->tokens.size()) - s->cached == 1;
-  }
-  const int64_t block_rows =
-      RunBlockPiece(std::min(chunk, std::max<int64_t>(1, options_.max_batched_tokens - decodes)));
-
-  // 3. Admission, FIFO, within the running, token and block limits. The
-  // token budget left after the decodes, the block piece and the running
-  // prompts' next chunks decides whether a new prompt can start this step.
-  auto next_chunk = [chunk](const Sequence& s) {
-    return std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.cached, chunk);
-  };
-  int64_t budget = options_.max_batched_tokens - block_rows;
-  for (const auto& s : running_) budget -= next_chunk(*s);
+  for (const auto& s : running_) budget -= NextChunk(*s);
   bool admitted_prefill = false;
   while (static_cast<int>(running_.size()) < options_.max_running) {
     std::unique_ptr<Sequence> seq;
@@ -408,37 +432,52 @@ void Engine::Step() {
       absl::MutexLock lock(&mu_);
       if (waiting_.empty()) break;
       Sequence& head = *waiting_.front();
-      const int64_t need = next_chunk(head);
+      const int64_t len = static_cast<int64_t>(head.tokens.size());
+      // Shared blocks are never written: the last token is always computed.
+      head.cached = blocks_.MatchPrefix(head.tokens.data(), len - 1, &head.blocks);
+      head.published = static_cast<int64_t>(head.blocks.size());
+      const int64_t need = NextChunk(head);
       // Chunks: a new prompt starts while the step has room for part of it.
       // Whole prompts: the first admission of a step goes even over budget.
-      if (chunked ? budget <= 0 : need > budget && admitted_prefill) break;
-      if (!blocks_.EnsureCapacity(&head.blocks, static_cast<int64_t>(head.tokens.size()))) break;
+      if ((chunked ? budget <= 0 : need > budget && admitted_prefill) || !blocks_.EnsureCapacity(&head.blocks, len)) {
+        blocks_.Free(&head.blocks);  // its shared blocks stay cached while it waits
+        head.cached = 0;
+        head.published = 0;
+        break;
+      }
       seq = std::move(waiting_.front());
       waiting_.pop_front();
       budget -= need;
       admitted_prefill = true;
       if (metrics_ != nullptr) metrics_->requests_waiting().Set(static_cast<double>(waiting_.size()));
     }
-    if (!seq->counted && metrics_ != nullptr) metrics_->prompt_tokens().Increment(static_cast<double>(seq->prompt_len));
+    if (!seq->counted) {
+      seq->prefix_hit = std::min(seq->cached, seq->prompt_len);
+      if (metrics_ != nullptr) {
+        metrics_->prompt_tokens().Increment(static_cast<double>(seq->prompt_len));
+        metrics_->prefix_cache_hit_tokens().Increment(static_cast<double>(seq->prefix_hit));
+      }
+    }
     seq->counted = true;
     running_.push_back(std::move(seq));
   }
-  UpdateGauges();
-  if (running_.empty()) return;
+}
 
-  // 4. One forward over the batch: decodes (one token each) and prompts,
-  // whole or (chunked) cut to what the step's budget leaves.
+// 4. One forward over the batch: decodes (one token each) and prompts,
+// whole or (chunked) cut to what the step's budget leaves; then one token
+// sampled per sequence whose prompt is done, streamed, finished sequences out.
+void Engine::ForwardAndSample(int64_t left) {
+  const bool chunked = options_.prefill_chunk_tokens > 0;
   std::vector<SeqForward> batch;
   std::vector<size_t> member;  // running_ index of each batch entry
   batch.reserve(running_.size());
-  int64_t left = options_.max_batched_tokens - block_rows;
   for (int pass = 0; pass < 2; ++pass) {  // decodes first, then prompts in admission order
     for (size_t i = 0; i < running_.size(); ++i) {
       Sequence& s = *running_[i];
       const int64_t uncached = static_cast<int64_t>(s.tokens.size()) - s.cached;
       const bool decode = s.cached >= s.prompt_len && uncached == 1;
       if (decode != (pass == 0)) continue;
-      const int64_t n = chunked && !decode ? std::min(next_chunk(s), left) : uncached;
+      const int64_t n = chunked && !decode ? std::min(NextChunk(s), left) : uncached;
       if (n <= 0) continue;  // no room left this step
       left -= n;
       SeqForward f;
@@ -459,7 +498,6 @@ void Engine::Step() {
     LogError(absl::StrCat("forward step failed: ", st.message()));
     for (auto& s : running_) FinishSequence(*s, absl::InternalError(absl::StrCat("forward failed: ", st.message())));
     running_.clear();
-    UpdateGauges();
     return;
   }
   const absl::Time t = absl::Now();
@@ -468,6 +506,7 @@ void Engine::Step() {
   for (size_t b = 0; b < batch.size(); ++b) {
     Sequence& s = *running_[member[b]];
     s.cached += batch[b].num_tokens;
+    blocks_.Publish(s.tokens.data(), s.cached, s.blocks, &s.published);
     if (s.cached < static_cast<int64_t>(s.tokens.size())) continue;  // the prompt continues next step
     const int32_t tok = batch[b].want_logits
                             ? SampleToken(out.logits.data() + b * vocab, vocab, s.request.sampling, s.rng)
@@ -498,7 +537,6 @@ void Engine::Step() {
     if (!finished[i]) still.push_back(std::move(running_[i]));
   }
   running_.swap(still);
-  UpdateGauges();
 }
 
 }  // namespace fusedserve

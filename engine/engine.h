@@ -4,8 +4,10 @@
 //   2. give every running sequence room for its next position (preempting
 //      the newest sequence, to be recomputed later, when blocks run out);
 //   3. admit waiting requests (FIFO) while limits and free blocks allow;
-//      their prompts are prefilled in the same forward as the decode tokens,
-//      in chunks of at most prefill_chunk_tokens within the step's budget;
+//      a prompt's longest prefix already in the KV cache (prefix caching,
+//      block_allocator.h) is shared, not recomputed; the rest is prefilled
+//      in the same forward as the decode tokens, in chunks of at most
+//      prefill_chunk_tokens within the step's budget;
 //   4. run one forward, sample one token per sequence whose prompt is done,
 //      stream it, retire finished sequences.
 // TransformerBlock calls run on the same thread, one at a time, a piece per
@@ -65,6 +67,9 @@ struct EngineOptions {
   // Bytes (hidden states) that queued TransformerBlock calls may hold
   // together; more get RESOURCE_EXHAUSTED. The server passes --max_queued_bytes.
   int64_t max_queued_block_bytes = int64_t{1} << 30;
+  // Prefix caching: full KV blocks stay cached after their sequence ends and
+  // are shared by later prompts that start with the same tokens.
+  bool prefix_caching = true;
   // Longest sequence (prompt + generated); 0 = the model's
   // max_position_embeddings capped at 8192. Also capped by the cache size.
   int64_t max_seq_len = 0;
@@ -74,6 +79,7 @@ enum class FinishReason { kNone, kLength, kStop };
 
 struct GenerationResult {
   int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
   int64_t generated_tokens = 0;
   double time_to_first_token_s = 0;    // arrival to first token
   double time_per_output_token_s = 0;  // mean over tokens after the first
@@ -145,7 +151,14 @@ class Engine {
   struct ActiveBlock;
   Engine(std::unique_ptr<ModelRunner> runner, Metrics* metrics, EngineOptions options, int64_t num_blocks);
   void Loop();
+  // One scheduling step, in the order of the comment at the top.
   void Step();
+  void DropStopped(absl::Time now);
+  void ReserveNextPositions();
+  void Admit(int64_t token_budget);
+  void ForwardAndSample(int64_t token_budget);
+  int64_t ChunkTokens() const;
+  int64_t NextChunk(const Sequence& s) const;
   void FinishSequence(Sequence& seq, const absl::Status& status);
   void UpdateGauges();
   // Drops cancelled / past-deadline block calls, queued or running.

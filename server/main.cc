@@ -101,6 +101,9 @@ ABSL_FLAG(int64_t, kv_block_size, 16, "Positions per KV cache block");
 ABSL_FLAG(int, max_running, 64, "Sequences decoded together at most");
 ABSL_FLAG(int, max_waiting, 256, "Generate requests queued before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_batched_tokens, 8192, "Tokens (prefill + decode) per engine step at most");
+ABSL_FLAG(bool, prefix_caching, true,
+          "Generate: keep full KV-cache blocks after a sequence ends and share them with later prompts that start "
+          "with the same tokens (their prefill is skipped)");
 ABSL_FLAG(int64_t, prefill_chunk_tokens, 2048,
           "Chunked prefill: prompt tokens one sequence prefills per engine step at most (0 = whole prompts)");
 ABSL_FLAG(int, max_new_tokens_limit, 4096, "Cap on a Generate request's max_new_tokens");
@@ -380,6 +383,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   engine_options.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   engine_options.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
   engine_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  engine_options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
   engine_options.max_block_tokens = absl::GetFlag(FLAGS_max_block_tokens);
   engine_options.max_queued_block_bytes = absl::GetFlag(FLAGS_max_queued_bytes);

@@ -184,6 +184,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       if (status.ok()) {
         v1::GenerationStats* st = pending_.mutable_stats();
         st->set_prompt_tokens(static_cast<int32_t>(result.prompt_tokens));
+        st->set_cached_prompt_tokens(static_cast<int32_t>(result.cached_prompt_tokens));
         st->set_generated_tokens(static_cast<int32_t>(result.generated_tokens));
         st->set_time_to_first_token_seconds(result.time_to_first_token_s);
         st->set_time_per_output_token_seconds(result.time_per_output_token_s);

@@ -62,6 +62,8 @@ class Metrics {
   prometheus::Gauge& requests_waiting() { return *waiting_; }
   prometheus::Gauge& kv_cache_blocks_used() { return *kv_used_; }
   prometheus::Gauge& kv_cache_blocks_total() { return *kv_total_; }
+  prometheus::Gauge& kv_cache_blocks_cached() { return *kv_cached_; }
+  prometheus::Counter& prefix_cache_hit_tokens() { return *prefix_hit_tokens_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -88,6 +90,8 @@ class Metrics {
   prometheus::Gauge* waiting_;
   prometheus::Gauge* kv_used_;
   prometheus::Gauge* kv_total_;
+  prometheus::Gauge* kv_cached_;
+  prometheus::Counter* prefix_hit_tokens_;
 };
 
 }  // namespace fusedserve

@@ -107,6 +107,23 @@ TEST_F(GenerateTest, GreedyGeneratesWithStats) {
   EXPECT_EQ(s.tokens.back(), r.tokens[5]);
 }
 
+// Prefix caching (on by default): a prompt that starts like an earlier one
+// reuses its full KV blocks (16 positions each): the same tokens, the
+// reused count in the stats and in fusedserve_prefix_cache_hit_tokens_total.
+TEST_F(GenerateTest, PrefixCacheReusesEarlierPrompts) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 29 + 3) % 512);
+  const double hits_before = Scrape(server_->metrics_port(), "fusedserve_prefix_cache_hit_tokens_total");
+  StreamResult first = Generate(server_, MakeRequest(prompt, 8));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  StreamResult second = Generate(server_, MakeRequest(prompt, 8));
+  ASSERT_TRUE(second.status.ok()) << second.status.error_message();
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_EQ(second.stats.cached_prompt_tokens(), 32);  // 2 of the prompt's 3 blocks (the last is computed)
+  EXPECT_EQ(second.stats.prompt_tokens(), 40);
+  EXPECT_GE(Scrape(server_->metrics_port(), "fusedserve_prefix_cache_hit_tokens_total") - hits_before, 32);
+}
+
 TEST_F(GenerateTest, SameSeedSameTokens) {
   const v1::GenerateRequest req = MakeRequest({7, 8, 9}, 24, 0.9f, 1234);
   StreamResult a = Generate(server_, req), b = Generate(server_, req);

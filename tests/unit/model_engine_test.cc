@@ -42,6 +42,72 @@ TEST(KvBlockAllocatorTest, AllocatesAllOrNothingAndFrees) {
   EXPECT_EQ(a.num_used(), 0);
 }
 
+// Prefix caching: published full blocks are shared by a later table with
+// the same leading tokens, kept while idle, evicted least recently released
+// first, and a chain never matches through a block reused for other content.
+TEST(KvBlockAllocatorTest, PrefixCacheSharesKeepsAndEvicts) {
+  constexpr int64_t kBs = 4;
+  KvBlockAllocator a(6, kBs, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  std::vector<int32_t> t1;
+  ASSERT_TRUE(a.EnsureCapacity(&t1, 13));  // 4 blocks
+  int64_t published = 0;
+  a.Publish(tokens.data(), 9, t1, &published);  // K/V written for 9 positions: 2 full blocks
+  EXPECT_EQ(published, 2);
+  a.Publish(tokens.data(), 12, t1, &published);
+  EXPECT_EQ(published, 3);
+
+  // Shared while t1 still holds them; the match never covers max_positions' last block partly.
+  std::vector<int32_t> t2;
+  EXPECT_EQ(a.MatchPrefix(tokens.data(), 12, &t2), 12);
+  EXPECT_EQ(t2, std::vector<int32_t>(t1.begin(), t1.begin() + 3));
+  std::vector<int32_t> t3;
+  EXPECT_EQ(a.MatchPrefix(tokens.data(), 11, &t3), 8);
+  std::vector<int32_t> other = tokens;
+  other[5] = 99;  // differs in the second block
+  std::vector<int32_t> t4;
+  EXPECT_EQ(a.MatchPrefix(other.data(), 12, &t4), 4);
+  EXPECT_EQ(a.num_used(), 4);  // shared blocks count once
+  a.Free(&t2);
+  a.Free(&t3);
+  a.Free(&t4);
+  a.Free(&t1);
+  EXPECT_EQ(a.num_used(), 0);
+  EXPECT_EQ(a.num_cached_idle(), 3);  // the unpublished 4th block went back to the free list
+  EXPECT_EQ(a.num_free(), 6);
+
+  // Idle cached blocks are found again...
+  std::vector<int32_t> t5;
+  EXPECT_EQ(a.MatchPrefix(tokens.data(), 13, &t5), 12);
+  EXPECT_EQ(a.num_cached_idle(), 0);
+  a.Free(&t5);
+  // ...and evicted when an allocation needs them (never-cached blocks first).
+  std::vector<int32_t> big;
+  ASSERT_TRUE(a.EnsureCapacity(&big, 4 * kBs));  // 3 free + 1 evicted
+  EXPECT_EQ(a.num_cached_idle(), 2);
+  ASSERT_TRUE(a.EnsureCapacity(&big, 6 * kBs));
+  EXPECT_EQ(a.num_cached_idle(), 0);
+  // The chain's blocks now hold other content: nothing matches, even if a
+  // reused block is published under new content.
+  int64_t pb = 0;
+  const std::vector<int32_t> junk(6 * kBs, 42);
+  a.Publish(junk.data(), 6 * kBs, big, &pb);
+  std::vector<int32_t> t6;
+  EXPECT_EQ(a.MatchPrefix(tokens.data(), 13, &t6), 0);
+  EXPECT_TRUE(t6.empty());
+  a.Free(&big);
+
+  // Without prefix caching nothing is kept or matched.
+  KvBlockAllocator plain(4, kBs);
+  std::vector<int32_t> p1;
+  ASSERT_TRUE(plain.EnsureCapacity(&p1, 8));
+  int64_t pp = 0;
+  plain.Publish(tokens.data(), 8, p1, &pp);
+  plain.Free(&p1);
+  EXPECT_EQ(plain.num_cached_idle(), 0);
+  EXPECT_EQ(plain.MatchPrefix(tokens.data(), 8, &p1), 0);
+}
+
 TEST(SamplerTest, GreedyTopKAndReproducibility) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 2.0f, 0.5f};
   SamplerRng rng(1);
@@ -385,6 +451,52 @@ TEST(EngineTest, PreemptionUnderASmallCacheKeepsTokens) {
   for (const auto& r : reqs) alone.push_back(RunAlone(r));
   auto engine = *Engine::Create(TinyRunner(), nullptr, small);
   ExpectTokensAsAlone(*engine, reqs, alone, "small cache");
+}
+
+// Prefix caching: requests sharing a long prefix (a system prompt), one
+// after another and concurrently, under a cache small enough to evict, get
+// exactly the tokens they get without it, and later ones skip the shared
+// blocks' prefill (cached_prompt_tokens).
+TEST(EngineTest, PrefixCachingKeepsTokensAndSkipsPrefill) {
+  std::vector<int32_t> system;
+  for (int j = 0; j < 37; ++j) system.push_back((j * 13 + 5) % 512);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt = system;
+    for (int j = 0; j <= i; ++j) prompt.push_back((i * 41 + j * 3) % 512);
+    reqs.push_back(Req(prompt, 9, i % 2 == 0 ? 0.0f : 0.8f, 70 + i));
+  }
+  EngineOptions off;
+  off.prefix_caching = false;
+  std::vector<std::vector<int32_t>> alone;
+  for (const auto& r : reqs) alone.push_back(RunAlone(r, off));
+
+  EngineOptions o;
+  o.kv_block_size = 8;
+  o.kv_cache_blocks = 24;
+  o.prefill_chunk_tokens = 16;
+  auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+  // One after another: the first prefills all 38 tokens, the rest reuse
+  // the system prompt's 4 full blocks (32 tokens).
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto sink = std::make_shared<RecordingSink>();
+    ASSERT_TRUE(engine->Submit(reqs[i], sink).ok());
+    sink->done.WaitForNotification();
+    ASSERT_TRUE(sink->status.ok()) << sink->status;
+    EXPECT_EQ(sink->tokens, alone[i]) << "request " << i;
+    EXPECT_EQ(sink->result.cached_prompt_tokens, i == 0 ? 0 : 32) << "request " << i;
+  }
+  // The same prompt again: everything but the block holding its last token.
+  auto again = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(engine->Submit(reqs[5], again).ok());
+  again->done.WaitForNotification();
+  EXPECT_EQ(again->tokens, alone[5]);
+  EXPECT_EQ(again->result.cached_prompt_tokens, 40);
+  // Concurrently, with preemption and eviction in a small cache.
+  EngineOptions small = o;
+  small.kv_cache_blocks = 14;
+  auto tight = *Engine::Create(TinyRunner(), nullptr, small);
+  ExpectTokensAsAlone(*tight, reqs, alone, "prefix caching, small cache");
 }
 
 TEST(EngineTest, QueueLimitAndCancellation) {

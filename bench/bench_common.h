@@ -26,7 +26,7 @@ inline double Median(std::vector<double> v) {
 }
 
 // Device-to-device copy of 1 GiB, GB/s counting bytes read and written
-// (PEERS.md's ceiling): median of 10 after 3 warm-up copies.
+// (docs/peers.md's ceiling): median of 10 after 3 warm-up copies.
 inline double CopyBandwidthGBs(cudaStream_t stream) {
   const size_t bytes = size_t{1} << 30;
   void *a = nullptr, *b = nullptr;

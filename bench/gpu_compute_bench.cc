@@ -504,7 +504,7 @@ int main(int argc, char** argv) {
   InitRandom();
   PlainLt lt;
   Ceilings(lt);
-  // Peer times: ../shared/PEERS.md (H100, best implementation per row).
+  // Peer times: docs/peers.md (H100, best implementation per row).
   if (only.empty() || only == "linear") {
     LinearGelu(lt, 16, 44.48);
     LinearGelu(lt, 512, 91.66);

@@ -1,13 +1,13 @@
 // Benchmark of the memory-bound CUDA ops (norms, softmax, activations, rope)
 // at bf16, every candidate config of every shape, against the measured
-// device-to-device copy bandwidth and the peers of ../shared/PEERS.md.
+// device-to-device copy bandwidth and the peers of docs/peers.md.
 //
 //   gpu_memory_bound_bench [OUT.json] [--quick]
 //
 //   flags: --quick (M in 1, 512, 16384), --max-m N, --no-pdl (launch without
 //   programmatic dependent launch, as FUSEDSERVE_PDL=0)
 //
-// Method (METHOD.md): the ceiling is cudaMemcpyAsync device-to-device over
+// Method: the ceiling is cudaMemcpyAsync device-to-device over
 // 1 GiB, counting bytes read + written. Each op call goes through
 // RunMemoryBoundOp, the production path. Inputs and outputs rotate over
 // enough copies to span 5x the L2, M = 1 included (so every call reads cold
@@ -45,7 +45,7 @@ namespace {
 using bench::CopyBandwidthGBs;
 using bench::Median;
 
-// Best peer GPU times (µs) from ../shared/PEERS.md, by "op M=.. shape" label.
+// Best peer GPU times (µs) from docs/peers.md, by "op M=.. shape" label.
 struct Peer {
   double h100_us;
   double h200_us;
@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", l.label.c_str(), l.cfg.c_str(), l.us.c_str(),
                 l.gbs.c_str(), l.pct.c_str(), l.peer.c_str(), l.ratio.c_str(), l.target.c_str());
   }
-  std::printf("copy ceiling %.0f GB/s on %s; programmatic dependent launch %s; peers: PEERS.md %s table\n", copy_gbs,
+  std::printf("copy ceiling %.0f GB/s on %s; programmatic dependent launch %s; peers: docs/peers.md %s table\n", copy_gbs,
               prop.name, pdl ? "on" : "off (FUSEDSERVE_PDL=0)", h200 ? "H200" : "H100");
   if (!json_path.empty()) {
     nlohmann::json doc = {{"device", prop.name},

@@ -11,7 +11,7 @@
 // Floor: bytes a step must read (every weight once, the tied embedding read
 // by the LM head, the K/V of B x ctx positions over all layers) at the
 // device-to-device copy bandwidth measured in the same run (read + write),
-// as in PEERS.md. Medians of 50 steps after 5 warm-up steps.
+// as in docs/peers.md. Medians of 50 steps after 5 warm-up steps.
 // FS_BENCH=decode|engine|8b|gemm: that section only.
 // FS_PROFILE=1: only one warm 1B decode step at B=1 and B=16 (ctx 2048)
 // between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.

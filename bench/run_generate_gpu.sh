@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Generation on a GPU host from a bundle (bundle-libs.sh of fusedserve,
+# Generation on a GPU host from a bundle (README: GPU tests and benchmarks; of fusedserve,
 # fusedserve_loadgen, gpu_model_bench): decode-step times of the CUDA model
 # runner, then Generate through gRPC with the llama-3.2-1b preset (random
 # bf16 weights) at concurrency 1, 16 and 64. Usage: run_generate_gpu.sh BUNDLE

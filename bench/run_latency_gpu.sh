@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FusedOp round-trip latency on a GPU host, from a bundle (bundle-libs.sh of
+# FusedOp round-trip latency on a GPU host, from a bundle (README: GPU tests and benchmarks; of
 # fusedserve, fusedserve_loadgen, fusedserve_wakeup_bench):
 #   1. the host's floor without gRPC (thread wake-ups, TCP loopback);
 #   2. rms_norm bf16 [1,4096] at concurrency 1: callback vs sync client, with

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the memory-bound GPU tests, then the benchmark, on a GPU host from a
-# bundle made by ../shared/tools/bundle-libs.sh (see ../shared/GPU.md):
+# bundle (README: GPU tests and benchmarks):
 #   bench/run_memory_bound.sh BUNDLE_DIR OUT_DIR [--quick] [--no-test]
 # Writes OUT_DIR/test.log, bench.log, bench.json and gpu.txt (the card's
 # clocks and temperature at the start); prints the test summary and the table.

@@ -6,7 +6,7 @@
 # load generator. Then this build alone: a request over the cost bounds on the
 # CUDA backend (RESOURCE_EXHAUSTED, server stays up) and `tune` refusing to
 # run on the CPU backend.
-# Usage: run_regression_gpu.sh BUNDLE [ROUNDS]   (bundle-libs.sh of fusedserve,
+# Usage: run_regression_gpu.sh BUNDLE [ROUNDS]   (a bundle, README: GPU tests and benchmarks, of fusedserve,
 #        fusedserve-base, fusedserve_loadgen)
 set -uo pipefail
 b=$1

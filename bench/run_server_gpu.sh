@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end run of the real server on a GPU host, from a bundle made by
-# ../shared/tools/bundle-libs.sh (binaries: fusedserve, fusedserve_loadgen,
+# bundle (README: GPU tests and benchmarks; binaries: fusedserve, fusedserve_loadgen,
 # cuda_backend_test, model_cuda_test). Usage: run_server_gpu.sh BUNDLE OUT_DIR
 #  1. CUDA backend vs CPU backend for every op; CUDA model runner vs CPU runner
 #  2. `fusedserve tune` cold (empty cache), then a warm restart: time to SERVING

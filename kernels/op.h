@@ -48,7 +48,7 @@ struct OpSpec {
   std::vector<std::string> outputs;
 };
 
-// All ops, in the order of DESIGN.md's op table.
+// All ops, in the order of the README's op table.
 const std::vector<OpSpec>& AllOpSpecs();
 // nullptr when the op is unknown.
 const OpSpec* FindOpSpec(const std::string& op);

@@ -1,4 +1,4 @@
-// Prometheus metrics of the server (names and labels as in DESIGN.md and
+// Prometheus metrics of the server (names and labels as in docs/metrics.md and
 // docs/metrics.md). One Metrics object per process; every method is
 // thread-safe. The HTTP exposer is optional (tests may run without it).
 #pragma once

@@ -450,7 +450,7 @@ def concrete_promql(expr: str) -> str:
 
 def check_observability(promql_out: Optional[Path]) -> None:
     docs = documented_metrics()
-    R.check(len(docs) >= 21, "docs/metrics.md documents the metrics of DESIGN.md", f"{len(docs)} found")
+    R.check(len(docs) >= 21, "docs/metrics.md documents the metrics the server exports", f"{len(docs)} found")
     types_ok = all(t in ("counter", "gauge", "histogram", "summary") for t in docs.values())
     R.check(types_ok, "docs/metrics.md types are Prometheus types")
     R.check(all(n.endswith("_total") for n, t in docs.items() if t == "counter"), "counter names end in _total")

@@ -1,4 +1,4 @@
-"""float64 numpy references of the ops the tests call (the formulas of DESIGN.md's op table)."""
+"""float64 numpy references of the ops the tests call (the formulas of the README's op table)."""
 
 import math
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hf_compare.py on a GPU host with transformers but without the Python gRPC
-# client's packages: BUNDLE is bundle-libs.sh of a CUDA build's fusedserve,
+# client's packages: BUNDLE is a bundle (README: GPU tests and benchmarks) of a CUDA build's fusedserve,
 # WHEELS a folder of wheels for that host's python (grpcio and protobuf at
 # least the versions clients/python's generated stubs name, typing-extensions;
 # pytest and its deps if missing there), and the stubs in

@@ -8,7 +8,7 @@ import pytest
 from conftest import SOURCE_DIR, ServerProcess
 from fusedserve_client import FusedServeClient, pb
 
-# The op table of DESIGN.md: every op must be listed by GetServerInfo.
+# The op table of the README: every op must be listed by GetServerInfo.
 DESIGN_OPS = {
     "rms_norm": (["x", "weight"], ["y"]),
     "add_rms_norm": (["x", "residual", "weight"], ["y", "residual_out"]),

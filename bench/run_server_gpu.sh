@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end run of the real server on a GPU host, from a bundle made by
+# End-to-end run of the real server on a GPU host, from a
 # bundle (README: GPU tests and benchmarks; binaries: fusedserve, fusedserve_loadgen,
 # cuda_backend_test, model_cuda_test). Usage: run_server_gpu.sh BUNDLE OUT_DIR
 #  1. CUDA backend vs CPU backend for every op; CUDA model runner vs CPU runner

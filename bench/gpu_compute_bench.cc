@@ -358,7 +358,7 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
   const double flops = 2.0 * M * D * 2 * I + 2.0 * M * I * D;
   const bool bw = M < 256;
   const std::string shape = "M=" + std::to_string(M) + " D=4096 I=14336";
-  // Bandwidth counts the weights (the metric for M=1) plus x and y.
+  // Bandwidth counts the weights (the metric that matters at M=1) plus x and y.
   auto rate = [&](double us) { return bw ? static_cast<double>(set) / (us * 1e-6) / 1e9 : flops / (us * 1e-6) / 1e12; };
   auto pct = [&](double us) { return 100.0 * rate(us) / (bw ? g_copy_gbs : g_gemm_tflops); };
   const std::string unit = bw ? "GB/s" : "TFLOP/s";

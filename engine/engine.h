@@ -41,8 +41,9 @@ namespace fusedserve {
 struct EngineOptions {
   // KV cache blocks; 0 = as many as kv_cache_bytes holds.
   int64_t kv_cache_blocks = 0;
-  // Memory given to the KV cache when kv_cache_blocks is 0 (CPU; on CUDA a
-  // share of free GPU memory, once the CUDA runner exists).
+  // Memory given to the KV cache when kv_cache_blocks is 0 (the CPU runner;
+  // for the CUDA runner the server sizes kv_cache_blocks from free GPU
+  // memory, --kv_cache_gpu_fraction).
   int64_t kv_cache_bytes = int64_t{64} << 20;
   // Positions per KV block.
   int64_t kv_block_size = 16;

@@ -9,8 +9,8 @@
 // ||got - ref|| / ||ref||. The bound is the dtype's (1e-5 fp32, 2e-3 fp16,
 // 1e-2 bf16) or twice the error of the reference merely rounded to the dtype,
 // whichever is larger (fp16 softmax over 262144 columns lands in fp16's
-// subnormals, where rounding alone costs more than 2e-3). Shapes are the
-// issue's: odd and large rows and hidden sizes, softmax up to N = 262144,
+// subnormals, where rounding alone costs more than 2e-3). Shapes: odd and
+// large rows and hidden sizes, softmax up to N = 262144,
 // plus misaligned pointers (the scalar fallback). Skips without a GPU.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Cheap but valid requests must not crash, stall or starve the server
-// (issue 12), against the real binary on the CPU backend:
+// (docs/reliability.md), against the real binary on the CPU backend:
 //   bounds     a few-MiB request asking for a huge output, intermediate or
 //              amount of work gets RESOURCE_EXHAUSTED naming the flag;
 //   deadline   long CPU work stops at the client's deadline or cancel and

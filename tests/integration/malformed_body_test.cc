@@ -1,5 +1,5 @@
-// Request bodies that are not valid protobuf for the method (issue 12, item
-// 9): what the client sees, and that the server stays up. The calls go
+// Request bodies that are not valid protobuf for the method
+// (docs/reliability.md): what the client sees, and that the server stays up. The calls go
 // through grpc::GenericStub with raw bytes, as a broken or foreign client
 // would send them.
 #include <chrono>

@@ -1,6 +1,6 @@
 // The /metrics HTTP endpoint under idle and half-open connections: such
 // clients may hold worker threads only until the request timeout, and
-// scrapes keep working meanwhile (issue 12, item 5).
+// scrapes keep working meanwhile (docs/reliability.md).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>

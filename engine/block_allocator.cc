@@ -65,6 +65,7 @@ void KvBlockAllocator::Free(std::vector<int32_t>* table) {
   // Last block first: a chain's tail is released, so evicted, before its head.
   for (auto it = table->rbegin(); it != table->rend(); ++it) {
     Block& b = blocks_[*it];
+    if (b.refs == 2) --shared_;
     if (--b.refs > 0) continue;
     if (b.published) {
       b.lru = evictable_.insert(evictable_.end(), *it);
@@ -83,7 +84,9 @@ int64_t KvBlockAllocator::MatchPrefix(const int32_t* tokens, int64_t max_positio
     auto it = published_.find(KeyFor(parent, tokens + n));
     if (it == published_.end()) break;
     Block& b = blocks_[it->second];
-    if (b.refs++ == 0) evictable_.erase(b.lru);
+    if (b.refs == 0) evictable_.erase(b.lru);
+    if (b.refs == 1) ++shared_;
+    ++b.refs;
     table->push_back(it->second);
     parent = it->second;
     n += block_size_;

@@ -34,6 +34,8 @@ class KvBlockAllocator {
   int64_t num_used() const { return num_blocks_ - num_free(); }
   // Published blocks no sequence holds (kept for reuse, evicted on demand).
   int64_t num_cached_idle() const { return static_cast<int64_t>(evictable_.size()); }
+  // Blocks held by more than one sequence (prefix sharing at work).
+  int64_t num_shared() const { return shared_; }
   // Blocks needed to hold `positions` positions.
   int64_t BlocksFor(int64_t positions) const { return (positions + block_size_ - 1) / block_size_; }
 
@@ -85,6 +87,7 @@ class KvBlockAllocator {
   std::vector<int32_t> free_;     // never published or dropped: LIFO, recently freed reused first
   std::list<int32_t> evictable_;  // published, unreferenced: front = least recently released
   std::unordered_map<Key, int32_t, KeyHash> published_;
+  int64_t shared_ = 0;  // blocks with refs >= 2
 };
 
 }  // namespace fusedserve

@@ -182,6 +182,7 @@ void Engine::UpdateGauges() {
   metrics_->kv_cache_blocks_used().Set(static_cast<double>(blocks_.num_used()));
   metrics_->kv_cache_blocks_total().Set(static_cast<double>(blocks_.num_blocks()));
   metrics_->kv_cache_blocks_cached().Set(static_cast<double>(blocks_.num_cached_idle()));
+  metrics_->kv_cache_blocks_shared().Set(static_cast<double>(blocks_.num_shared()));
 }
 
 void Engine::FinishSequence(Sequence& seq, const absl::Status& status) {

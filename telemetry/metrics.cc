@@ -138,6 +138,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                     .Help("KV-cache blocks that no sequence holds, kept by the prefix cache for reuse (evictable)")
                     .Register(r)
                     .Add({});
+  kv_shared_ = &prometheus::BuildGauge()
+                    .Name("fusedserve_kv_cache_blocks_shared")
+                    .Help("KV-cache blocks held by more than one sequence (prefix caching)")
+                    .Register(r)
+                    .Add({});
   prefix_hit_tokens_ = &prometheus::BuildCounter()
                             .Name("fusedserve_prefix_cache_hit_tokens_total")
                             .Help("Prompt tokens whose K/V came from the prefix cache instead of a prefill")

@@ -63,6 +63,7 @@ class Metrics {
   prometheus::Gauge& kv_cache_blocks_used() { return *kv_used_; }
   prometheus::Gauge& kv_cache_blocks_total() { return *kv_total_; }
   prometheus::Gauge& kv_cache_blocks_cached() { return *kv_cached_; }
+  prometheus::Gauge& kv_cache_blocks_shared() { return *kv_shared_; }
   prometheus::Counter& prefix_cache_hit_tokens() { return *prefix_hit_tokens_; }
 
  private:
@@ -91,6 +92,7 @@ class Metrics {
   prometheus::Gauge* kv_used_;
   prometheus::Gauge* kv_total_;
   prometheus::Gauge* kv_cached_;
+  prometheus::Gauge* kv_shared_;
   prometheus::Counter* prefix_hit_tokens_;
 };
 

@@ -67,10 +67,12 @@ TEST(KvBlockAllocatorTest, PrefixCacheSharesKeepsAndEvicts) {
   other[5] = 99;  // differs in the second block
   std::vector<int32_t> t4;
   EXPECT_EQ(a.MatchPrefix(other.data(), 12, &t4), 4);
-  EXPECT_EQ(a.num_used(), 4);  // shared blocks count once
+  EXPECT_EQ(a.num_used(), 4);    // shared blocks count once
+  EXPECT_EQ(a.num_shared(), 3);  // t1's first three
   a.Free(&t2);
   a.Free(&t3);
   a.Free(&t4);
+  EXPECT_EQ(a.num_shared(), 0);
   a.Free(&t1);
   EXPECT_EQ(a.num_used(), 0);
   EXPECT_EQ(a.num_cached_idle(), 3);  // the unpublished 4th block went back to the free list
@@ -475,7 +477,8 @@ TEST(EngineTest, PrefixCachingKeepsTokensAndSkipsPrefill) {
   o.kv_block_size = 8;
   o.kv_cache_blocks = 24;
   o.prefill_chunk_tokens = 16;
-  auto engine = *Engine::Create(TinyRunner(), nullptr, o);
+  Metrics metrics;
+  auto engine = *Engine::Create(TinyRunner(), &metrics, o);
   // One after another: the first prefills all 38 tokens, the rest reuse
   // the system prompt's 4 full blocks (32 tokens).
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -492,6 +495,23 @@ TEST(EngineTest, PrefixCachingKeepsTokensAndSkipsPrefill) {
   again->done.WaitForNotification();
   EXPECT_EQ(again->tokens, alone[5]);
   EXPECT_EQ(again->result.cached_prompt_tokens, 40);
+  // Cancelled mid-stream while sharing the cached prefix: its references go,
+  // so nothing stays held once the engine is idle.
+  auto cancelled = std::make_shared<RecordingSink>();
+  cancelled->cancel_after = 2;
+  GenerationRequest long_one = reqs[4];
+  long_one.max_new_tokens = 200;
+  ASSERT_TRUE(engine->Submit(long_one, cancelled).ok());
+  cancelled->done.WaitForNotification();
+  EXPECT_EQ(cancelled->status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(cancelled->result.cached_prompt_tokens, 40);  // reqs[4] ran before: 5 of its blocks
+  for (int i = 0; i < 200 && metrics.kv_cache_blocks_used().Value() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(metrics.kv_cache_blocks_used().Value(), 0);
+  EXPECT_EQ(metrics.kv_cache_blocks_shared().Value(), 0);
+  EXPECT_GT(metrics.kv_cache_blocks_cached().Value(), 0);  // the prefix stays for the next request
+  EXPECT_EQ(metrics.prefix_cache_hit_tokens().Value(), 5 * 32 + 40 + 40);
   // Concurrently, with preemption and eviction in a small cache.
   EngineOptions small = o;
   small.kv_cache_blocks = 14;

@@ -79,6 +79,9 @@ ABSL_FLAG(double, deadline_ms, 10000, "Per-request deadline, ms");
 ABSL_FLAG(bool, check, true, "Before the run, check each distinct FusedOp answer against the CPU reference");
 ABSL_FLAG(double, wait_ready_s, 60, "Wait this long for the server to finish warming up");
 ABSL_FLAG(int, prompt_len, 16, "Generate: prompt tokens");
+ABSL_FLAG(int, shared_prefix_len, 0,
+          "Generate: leading prompt tokens every request shares (a system prompt the server's prefix cache "
+          "reuses); the rest is unique per request, so 0 measures prefills that nothing can reuse");
 ABSL_FLAG(int, max_new_tokens, 16, "Generate: tokens to generate");
 ABSL_FLAG(std::string, metrics, "", "Server metrics HOST:PORT; adds the mean batch size over the run");
 ABSL_FLAG(std::string, json_out, "", "Write the report as JSON to this file");
@@ -386,7 +389,8 @@ class Loadgen {
       grpc::Status st;
       Sample s{0, 0, 0};
       if (generate_) {
-        std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub->Generate(ctx.get(), gen_req_);
+        const v1::GenerateRequest req = NextGenerateRequest();
+        std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub->Generate(ctx.get(), req);
         v1::GenerateResponse resp;
         while (reader->Read(&resp)) {
           if (s.tokens == 0 && resp.token_ids_size() > 0) s.ttft_us = Micros(Clock::now() - start);
@@ -436,9 +440,9 @@ class Loadgen {
   class GenerateCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
    public:
     GenerateCall(Loadgen* lg, v1::FusedServe::Stub* stub, Clock::time_point start, DoneFn done)
-        : start_(start), done_(std::move(done)) {
+        : req_(lg->NextGenerateRequest()), start_(start), done_(std::move(done)) {
       lg->NewContext(&ctx_);
-      stub->async()->Generate(ctx_.get(), &lg->gen_req_, this);
+      stub->async()->Generate(ctx_.get(), &req_, this);
       StartRead(&resp_);
       StartCall();
     }
@@ -457,6 +461,7 @@ class Loadgen {
     }
 
    private:
+    const v1::GenerateRequest req_;  // this call's prompt (the reactor reads it until done)
     std::unique_ptr<grpc::ClientContext> ctx_;
     v1::GenerateResponse resp_;
     Clock::time_point start_;
@@ -552,6 +557,21 @@ class Loadgen {
   std::vector<std::unique_ptr<v1::FusedServe::Stub>> stubs_;
   std::vector<v1::FusedOpRequest> protos_;
   v1::GenerateRequest gen_req_;
+  std::atomic<int64_t> gen_count_{0};
+
+  // gen_req_ with the tokens after --shared_prefix_len made unique to this
+  // call (a counter in base 499 in the first two of them), so only the
+  // shared part can come from the server's prefix cache.
+  v1::GenerateRequest NextGenerateRequest() {
+    v1::GenerateRequest r = gen_req_;
+    const int64_t n = gen_count_.fetch_add(1);
+    const int shared = absl::GetFlag(FLAGS_shared_prefix_len);
+    if (shared < r.prompt_token_ids_size()) r.set_prompt_token_ids(shared, static_cast<int32_t>(1 + n % 499));
+    if (shared + 1 < r.prompt_token_ids_size()) {
+      r.set_prompt_token_ids(shared + 1, static_cast<int32_t>(1 + (n / 499) % 499));
+    }
+    return r;
+  }
   bool generate_ = false;
   std::chrono::microseconds deadline_{};
   std::atomic<uint64_t> next_input_{0};

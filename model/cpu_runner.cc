@@ -4,6 +4,11 @@
 // block tables. Every token's computation is independent of what else is in
 // the batch (same loops, same summation order), so batching never changes a
 // token: the engine's reproducibility rests on that.
+//
+// With tensor_parallel = N it holds the model as N tensor-parallel shards
+// (model/tensor_parallel.h) and runs them one after another, adding the
+// row-parallel partial sums in rank order where the GPUs would all-reduce:
+// the check, without GPUs, that the sharding computes the same model.
 #include <algorithm>
 #include <cmath>
 #include <thread>
@@ -12,6 +17,7 @@
 #include "engine/sampler.h"
 #include "kernels/cpu/reference.h"
 #include "model/runner.h"
+#include "model/tensor_parallel.h"
 
 namespace fusedserve {
 
@@ -55,28 +61,41 @@ void ParallelFor(int64_t n, int threads, double work, Fn fn) {
 
 class CpuModelRunner final : public ModelRunner {
  public:
-  CpuModelRunner(std::unique_ptr<ModelWeights> w, int threads) : c_(w->config()), threads_(threads) {
+  CpuModelRunner(std::unique_ptr<ModelWeights> w, int threads, std::vector<TensorShard> shards)
+      : c_(w->config()), threads_(threads), shards_(std::move(shards)) {
     inv_freq_ = c_.RopeInvFreq();
-    embed_ = w->Get("model.embed_tokens.weight").ToFloat();
+    const int64_t D = c_.hidden, Dh = c_.head_dim;
     final_norm_ = w->Get("model.norm.weight").ToFloat();
-    if (!c_.tied_embeddings) lm_head_ = w->Get("lm_head.weight").ToFloat();
+    const WeightTensor& embed = w->Get("model.embed_tokens.weight");
+    const WeightTensor& lm_head = c_.tied_embeddings ? embed : w->Get("lm_head.weight");
+    for (const TensorShard& r : shards_) {
+      vocab_.push_back({embed.ToFloatBlock(r.vocab_begin, r.vocab, 0, D), {}});
+      if (!c_.tied_embeddings) vocab_.back().lm_head = lm_head.ToFloatBlock(r.vocab_begin, r.vocab, 0, D);
+    }
     layers_.resize(c_.layers);
     for (int64_t i = 0; i < c_.layers; ++i) {
       const std::string p = absl::StrCat("model.layers.", i, ".");
       Layer& L = layers_[i];
       L.attn_norm = w->Get(p + "input_layernorm.weight").ToFloat();
       L.mlp_norm = w->Get(p + "post_attention_layernorm.weight").ToFloat();
-      // Fused projections: qkv = [q; k; v] rows, gate_up = [gate; up] rows.
-      for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
-        std::vector<float> part = w->Get(p + n).ToFloat();
-        L.wqkv.insert(L.wqkv.end(), part.begin(), part.end());
+      auto append = [](std::vector<float>& to, const std::vector<float>& part) {
+        to.insert(to.end(), part.begin(), part.end());
+      };
+      for (const TensorShard& r : shards_) {
+        RankLayer R;
+        // Column-parallel, fused: qkv = [q; k; v] rows of its heads, gate_up = [gate; up] rows of its columns.
+        append(R.wqkv, w->Get(p + "self_attn.q_proj.weight").ToFloatBlock(r.q_head_begin * Dh, r.q_heads * Dh, 0, D));
+        for (const char* n : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
+          append(R.wqkv, w->Get(p + n).ToFloatBlock(r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D));
+        }
+        for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
+          append(R.gate_up, w->Get(p + n).ToFloatBlock(r.inter_begin, r.inter, 0, D));
+        }
+        // Row-parallel: the input columns its heads / intermediate columns produce.
+        R.wo = w->Get(p + "self_attn.o_proj.weight").ToFloatBlock(0, D, r.q_head_begin * Dh, r.q_heads * Dh);
+        R.down = w->Get(p + "mlp.down_proj.weight").ToFloatBlock(0, D, r.inter_begin, r.inter);
+        L.ranks.push_back(std::move(R));
       }
-      L.wo = w->Get(p + "self_attn.o_proj.weight").ToFloat();
-      for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-        std::vector<float> part = w->Get(p + n).ToFloat();
-        L.gate_up.insert(L.gate_up.end(), part.begin(), part.end());
-      }
-      L.down = w->Get(p + "mlp.down_proj.weight").ToFloat();
     }
   }
 
@@ -119,13 +138,17 @@ class CpuModelRunner final : public ModelRunner {
       for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
         const int32_t tok = s.tokens[i];
         if (tok < 0 || tok >= c_.vocab) return absl::InternalError("token id out of range");
-        std::copy_n(embed_.data() + tok * D, D, x.data() + row * D);
+        // Vocab-parallel: the owning rank's row (the others add zeros).
+        const int r = OwnerOf(tok);
+        std::copy_n(vocab_[r].embed.data() + (tok - shards_[r].vocab_begin) * D, D, x.data() + row * D);
         positions[row] = s.start + i;
       }
     }
     for (int64_t l = 0; l < c_.layers; ++l) {
       RunLayer(l, T, positions.data(), x.data(),
-               [&](const float* q, const float* k, const float* v, float* o) { PagedAttention(l, batch, q, k, v, o); });
+               [&](const TensorShard& r, const float* q, const float* k, const float* v, float* o) {
+                 PagedAttention(l, batch, r, q, k, v, o);
+               });
     }
     // Logits of each sequence's last token.
     const int64_t B = static_cast<int64_t>(batch.size());
@@ -136,8 +159,18 @@ class CpuModelRunner final : public ModelRunner {
       std::copy_n(x.data() + (row - 1) * D, D, last.data() + b * D);
     }
     cpu::RmsNorm(last.data(), final_norm_.data(), B, D, static_cast<float>(c_.rms_eps), normed.data());
+    // Vocab-parallel lm_head: each rank's columns of the logits (gathered).
     out->logits.resize(B * c_.vocab);
-    Gemm(normed.data(), c_.tied_embeddings ? embed_.data() : lm_head_.data(), B, D, c_.vocab, out->logits.data());
+    std::vector<float> part;
+    for (size_t r = 0; r < shards_.size(); ++r) {
+      const TensorShard& sh = shards_[r];
+      const float* w = c_.tied_embeddings ? vocab_[r].embed.data() : vocab_[r].lm_head.data();
+      part.resize(B * sh.vocab);
+      Gemm(normed.data(), w, B, D, sh.vocab, part.data());
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy_n(part.data() + b * sh.vocab, sh.vocab, out->logits.data() + b * c_.vocab + sh.vocab_begin);
+      }
+    }
     out->greedy.resize(B);
     for (int64_t b = 0; b < B; ++b) out->greedy[b] = cpu::GreedyToken(out->logits.data() + b * c_.vocab, c_.vocab);
     return absl::OkStatus();
@@ -153,7 +186,9 @@ class CpuModelRunner final : public ModelRunner {
     const int64_t T = *tokens;
     for (int64_t l = first; l < first + n; ++l) {
       RunLayer(l, T, positions, hidden,
-               [&](const float* q, const float* k, const float* v, float* o) { PagedAttention(l, batch, q, k, v, o); });
+               [&](const TensorShard& r, const float* q, const float* k, const float* v, float* o) {
+                 PagedAttention(l, batch, r, q, k, v, o);
+               });
     }
     return absl::OkStatus();
   }
@@ -163,23 +198,39 @@ class CpuModelRunner final : public ModelRunner {
     if (first < 0 || n < 0 || first + n > c_.layers) return absl::InvalidArgumentError("layer range out of bounds");
     std::vector<int64_t> seq_lens(B, S);
     for (int64_t l = first; l < first + n; ++l) {
-      RunLayer(l, B * S, positions, hidden, [&](const float* q, const float* k, const float* v, float* o) {
-        cpu::Attention(q, k, v, seq_lens.data(), B, B * S, c_.q_heads, c_.kv_heads, c_.head_dim, /*causal=*/true,
-                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_dim))), o);
-      });
+      RunLayer(l, B * S, positions, hidden,
+               [&](const TensorShard& r, const float* q, const float* k, const float* v, float* o) {
+                 cpu::Attention(q, k, v, seq_lens.data(), B, B * S, r.q_heads, r.kv_heads, c_.head_dim,
+                                /*causal=*/true, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_dim))),
+                                o);
+               });
     }
     return absl::OkStatus();
   }
 
  private:
-  struct Layer {
-    std::vector<float> attn_norm;  // [D]
-    std::vector<float> wqkv;       // [(Hq + 2 Hkv) Dh, D]
-    std::vector<float> wo;         // [D, Hq Dh]
-    std::vector<float> mlp_norm;   // [D]
-    std::vector<float> gate_up;    // [2I, D]
-    std::vector<float> down;       // [D, I]
+  // One rank's shard of a layer (h, g, i: its q heads, kv heads, intermediate columns).
+  struct RankLayer {
+    std::vector<float> wqkv;     // [(h + 2 g) Dh, D]
+    std::vector<float> wo;       // [D, h Dh]
+    std::vector<float> gate_up;  // [2i, D]
+    std::vector<float> down;     // [D, i]
   };
+  struct Layer {
+    std::vector<float> attn_norm;  // [D] (every rank)
+    std::vector<float> mlp_norm;   // [D]
+    std::vector<RankLayer> ranks;
+  };
+  // One rank's vocabulary rows.
+  struct RankVocab {
+    std::vector<float> embed;    // [v, D]
+    std::vector<float> lm_head;  // [v, D] (empty when tied to embed)
+  };
+
+  int OwnerOf(int32_t token) const {
+    const int64_t per = shards_[0].vocab;  // every rank but the last holds this many
+    return static_cast<int>(std::min<int64_t>(token / std::max<int64_t>(per, 1), shards_.size() - 1));
+  }
 
   // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]. Rows of w split over threads.
   void Gemm(const float* x, const float* w, int64_t M, int64_t K, int64_t N, float* y) const {
@@ -216,33 +267,56 @@ class CpuModelRunner final : public ModelRunner {
   }
 
   // One decoder layer over T tokens, in place.   x [T,D]; positions [T]
-  // attend(q [T,Hq,Dh], k [T,Hkv,Dh], v [T,Hkv,Dh], o [T,Hq,Dh]).
+  // attend(shard, q [T,h,Dh], k [T,g,Dh], v [T,g,Dh], o [T,h,Dh]) over the
+  // shard's heads. Each rank's o_proj and down_proj partial sums are added
+  // in rank order (the all-reduce).
   template <typename AttendFn>
   void RunLayer(int64_t l, int64_t T, const int64_t* positions, float* x, AttendFn attend) const {
     const Layer& L = layers_[l];
-    const int64_t D = c_.hidden, qd = c_.q_dim(), kvd = c_.kv_dim(), I = c_.intermediate;
+    const int64_t D = c_.hidden, Dh = c_.head_dim;
     const float eps = static_cast<float>(c_.rms_eps);
-    std::vector<float> h(T * D), qkv(T * (qd + 2 * kvd));
+    std::vector<float> h(T * D), sum(T * D), part(T * D);
+    auto all_reduce = [&](size_t r) {
+      if (r == 0) {
+        sum.swap(part);
+      } else {
+        for (int64_t i = 0; i < T * D; ++i) sum[i] += part[i];
+      }
+    };
     cpu::RmsNorm(x, L.attn_norm.data(), T, D, eps, h.data());
-    Gemm(h.data(), L.wqkv.data(), T, D, qd + 2 * kvd, qkv.data());
-    std::vector<float> q(T * qd), k(T * kvd), v(T * kvd), o(T * qd);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* r = qkv.data() + t * (qd + 2 * kvd);
-      std::copy_n(r, qd, q.data() + t * qd);
-      std::copy_n(r + qd, kvd, k.data() + t * kvd);
-      std::copy_n(r + qd + kvd, kvd, v.data() + t * kvd);
+    for (size_t r = 0; r < shards_.size(); ++r) {
+      const TensorShard& sh = shards_[r];
+      const RankLayer& R = L.ranks[r];
+      const int64_t qd = sh.q_heads * Dh, kvd = sh.kv_heads * Dh;
+      std::vector<float> qkv(T * (qd + 2 * kvd));
+      Gemm(h.data(), R.wqkv.data(), T, D, qd + 2 * kvd, qkv.data());
+      std::vector<float> q(T * qd), k(T * kvd), v(T * kvd), o(T * qd);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row = qkv.data() + t * (qd + 2 * kvd);
+        std::copy_n(row, qd, q.data() + t * qd);
+        std::copy_n(row + qd, kvd, k.data() + t * kvd);
+        std::copy_n(row + qd + kvd, kvd, v.data() + t * kvd);
+      }
+      Rope(q.data(), T, sh.q_heads, positions);
+      Rope(k.data(), T, sh.kv_heads, positions);
+      attend(sh, q.data(), k.data(), v.data(), o.data());
+      if (part.size() != static_cast<size_t>(T * D)) part.resize(T * D);
+      Gemm(o.data(), R.wo.data(), T, qd, D, part.data());
+      all_reduce(r);
     }
-    Rope(q.data(), T, c_.q_heads, positions);
-    Rope(k.data(), T, c_.kv_heads, positions);
-    attend(q.data(), k.data(), v.data(), o.data());
-    Gemm(o.data(), L.wo.data(), T, qd, D, h.data());
-    for (int64_t i = 0; i < T * D; ++i) x[i] += h[i];
+    for (int64_t i = 0; i < T * D; ++i) x[i] += sum[i];
     cpu::RmsNorm(x, L.mlp_norm.data(), T, D, eps, h.data());
-    std::vector<float> gu(T * 2 * I), act(T * I);
-    Gemm(h.data(), L.gate_up.data(), T, D, 2 * I, gu.data());
-    cpu::SiluAndMul(gu.data(), T, I, act.data());
-    Gemm(act.data(), L.down.data(), T, I, D, h.data());
-    for (int64_t i = 0; i < T * D; ++i) x[i] += h[i];
+    for (size_t r = 0; r < shards_.size(); ++r) {
+      const int64_t I = shards_[r].inter;
+      const RankLayer& R = L.ranks[r];
+      std::vector<float> gu(T * 2 * I), act(T * I);
+      Gemm(h.data(), R.gate_up.data(), T, D, 2 * I, gu.data());
+      cpu::SiluAndMul(gu.data(), T, I, act.data());
+      if (part.size() != static_cast<size_t>(T * D)) part.resize(T * D);
+      Gemm(act.data(), R.down.data(), T, I, D, part.data());
+      all_reduce(r);
+    }
+    for (int64_t i = 0; i < T * D; ++i) x[i] += sum[i];
   }
 
   // Cache row of (layer, position) for a sequence.   [kv_dim]
@@ -254,16 +328,17 @@ class CpuModelRunner final : public ModelRunner {
 
   // Writes the batch's new K/V into the cache, then attends each new token
   // over its sequence's cache rows [0, position]. q, o [T,Hq,Dh]; k, v [T,Hkv,Dh]
-  void PagedAttention(int64_t l, const std::vector<SeqForward>& batch, const float* q, const float* k, const float* v,
-                      float* o) {
-    const int64_t Hq = c_.q_heads, Hkv = c_.kv_heads, Dh = c_.head_dim, kvd = c_.kv_dim();
-    const int64_t group = Hq / Hkv;
+  // Over the shard's heads: its kv heads' slice of each cache row.
+  void PagedAttention(int64_t l, const std::vector<SeqForward>& batch, const TensorShard& sh, const float* q,
+                      const float* k, const float* v, float* o) {
+    const int64_t Hq = sh.q_heads, Hkv = sh.kv_heads, Dh = c_.head_dim, kvd = Hkv * Dh;
+    const int64_t group = Hq / Hkv, off = sh.kv_head_begin * Dh;
     const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
     int64_t row = 0;
     for (const SeqForward& s : batch) {
       for (int64_t i = 0; i < s.num_tokens; ++i) {
-        std::copy_n(k + (row + i) * kvd, kvd, CacheRow(k_cache_, l, s, s.start + i));
-        std::copy_n(v + (row + i) * kvd, kvd, CacheRow(v_cache_, l, s, s.start + i));
+        std::copy_n(k + (row + i) * kvd, kvd, CacheRow(k_cache_, l, s, s.start + i) + off);
+        std::copy_n(v + (row + i) * kvd, kvd, CacheRow(v_cache_, l, s, s.start + i) + off);
       }
       std::vector<double> scores;
       std::vector<double> acc(Dh);
@@ -275,7 +350,7 @@ class CpuModelRunner final : public ModelRunner {
           const float* qh = q + (row * Hq + h) * Dh;
           double mx = -INFINITY;
           for (int64_t j = 0; j < len; ++j) {
-            const float* kr = CacheRow(k_cache_, l, s, j) + kvh * Dh;
+            const float* kr = CacheRow(k_cache_, l, s, j) + off + kvh * Dh;
             double dot = 0.0;
             for (int64_t d = 0; d < Dh; ++d) dot += static_cast<double>(qh[d]) * kr[d];
             scores[j] = dot * scale;
@@ -285,7 +360,7 @@ class CpuModelRunner final : public ModelRunner {
           for (int64_t j = 0; j < len; ++j) denom += (scores[j] = std::exp(scores[j] - mx));
           std::fill(acc.begin(), acc.end(), 0.0);
           for (int64_t j = 0; j < len; ++j) {
-            const float* vr = CacheRow(v_cache_, l, s, j) + kvh * Dh;
+            const float* vr = CacheRow(v_cache_, l, s, j) + off + kvh * Dh;
             for (int64_t d = 0; d < Dh; ++d) acc[d] += scores[j] * vr[d];
           }
           float* oh = o + (row * Hq + h) * Dh;
@@ -297,8 +372,10 @@ class CpuModelRunner final : public ModelRunner {
 
   const ModelConfig c_;
   const int threads_;
+  const std::vector<TensorShard> shards_;  // one per tensor-parallel rank (one: unsharded)
   std::vector<double> inv_freq_;
-  std::vector<float> embed_, final_norm_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<RankVocab> vocab_;  // per rank
   std::vector<Layer> layers_;
   int64_t num_blocks_ = 0, block_size_ = 0;
   std::vector<float> k_cache_, v_cache_;  // [layers, num_blocks, block_size, Hkv, Dh]
@@ -306,11 +383,18 @@ class CpuModelRunner final : public ModelRunner {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights, int threads) {
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights, int threads,
+                                                                int tensor_parallel) {
   if (weights == nullptr) return absl::InvalidArgumentError("no weights");
   if (absl::Status s = weights->config().Validate(); !s.ok()) return s;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::unique_ptr<ModelRunner>(new CpuModelRunner(std::move(weights), threads));
+  std::vector<TensorShard> shards;
+  for (int r = 0; r < tensor_parallel || r == 0; ++r) {
+    absl::StatusOr<TensorShard> shard = ShardOf(weights->config(), r, tensor_parallel);
+    if (!shard.ok()) return shard.status();
+    shards.push_back(*shard);
+  }
+  return std::unique_ptr<ModelRunner>(new CpuModelRunner(std::move(weights), threads, std::move(shards)));
 }
 
 }  // namespace fusedserve

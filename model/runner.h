@@ -80,6 +80,10 @@ class ModelRunner {
 
 // The CPU runner: weights converted to fp32 once, KV cache in fp32.
 // `threads` parallelises the GEMMs (0 = hardware concurrency).
-absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights, int threads = 1);
+// tensor_parallel > 1 holds and runs the model as that many tensor-parallel
+// shards in turn (model/tensor_parallel.h): the same results, as a check of
+// the sharding; it is not faster.
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCpuModelRunner(std::unique_ptr<ModelWeights> weights, int threads = 1,
+                                                                int tensor_parallel = 1);
 
 }  // namespace fusedserve

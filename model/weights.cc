@@ -59,28 +59,37 @@ int64_t WeightTensor::numel() const {
 }
 
 std::vector<float> WeightTensor::ToFloat() const {
-  const int64_t n = numel();
-  std::vector<float> out(n);
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(out.data(), data, n * 4);
-      break;
-    case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, data + 2 * i, 2);
-        out[i] = Bf16ToFloat(h);
-      }
-      break;
-    case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, data + 2 * i, 2);
-        out[i] = HalfToFloat(h);
-      }
-      break;
-    default:
-      break;
+  if (shape.size() == 2) return ToFloatBlock(0, shape[0], 0, shape[1]);
+  return ToFloatBlock(0, 1, 0, numel());
+}
+
+std::vector<float> WeightTensor::ToFloatBlock(int64_t row, int64_t rows, int64_t col, int64_t cols) const {
+  const int64_t width = shape.size() == 2 ? shape[1] : numel();
+  std::vector<float> out(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t first = (row + r) * width + col;
+    float* o = out.data() + r * cols;
+    switch (dtype) {
+      case DType::kF32:
+        std::memcpy(o, data + 4 * first, cols * 4);
+        break;
+      case DType::kBF16:
+        for (int64_t i = 0; i < cols; ++i) {
+          uint16_t h;
+          std::memcpy(&h, data + 2 * (first + i), 2);
+          o[i] = Bf16ToFloat(h);
+        }
+        break;
+      case DType::kF16:
+        for (int64_t i = 0; i < cols; ++i) {
+          uint16_t h;
+          std::memcpy(&h, data + 2 * (first + i), 2);
+          o[i] = HalfToFloat(h);
+        }
+        break;
+      default:
+        break;
+    }
   }
   return out;
 }

@@ -38,6 +38,9 @@ struct WeightTensor {
   int64_t numel() const;
   // Values converted to fp32 (only for is_float tensors).
   std::vector<float> ToFloat() const;
+  // Rows [row, row + rows) x columns [col, col + cols) of a 2-D tensor, in
+  // fp32: a tensor-parallel shard, converted without a full copy.
+  std::vector<float> ToFloatBlock(int64_t row, int64_t rows, int64_t col, int64_t cols) const;
 };
 
 // One memory-mapped .safetensors file: 8-byte little-endian header length,

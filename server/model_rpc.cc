@@ -290,6 +290,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (action == kWrite) {
       // Generate is registered raw (see ParseRequest): the reactor writes bytes.
       bool own = false;
+      in_flight_bytes_.Clear();  // the previous write's, done by now
       const grpc::Status serialized =
           grpc::SerializationTraits<v1::GenerateResponse>::Serialize(in_flight_, &in_flight_bytes_, &own);
       if (serialized.ok()) {

@@ -43,8 +43,11 @@ std::string LossyUtf8(std::string_view s) {
 TextSupport::TextSupport(std::unique_ptr<tokenizer::Tokenizer> tokenizer, std::string source)
     : tokenizer_(std::move(tokenizer)), source_(std::move(source)) {
   const tokenizer::Tokenizer& t = *tokenizer_;
-  // Llama-3's chat format is recognised by its header tokens.
-  if (t.TokenId("<|start_header_id|>") && t.TokenId("<|end_header_id|>") && t.TokenId("<|eot_id|>")) {
+  // Llama-3's chat format is recognised by its header tokens, unless the
+  // checkpoint's own template does not use them (a fine-tune with another
+  // format keeps the tokens): then that template is what the model expects.
+  const bool headers = t.TokenId("<|start_header_id|>") && t.TokenId("<|end_header_id|>") && t.TokenId("<|eot_id|>");
+  if (headers && (t.chat_template().empty() || absl::StrContains(t.chat_template(), "<|start_header_id|>"))) {
     chat_format_ = "llama-3";
   } else if (!t.chat_template().empty()) {
     chat_problem_ = absl::StrCat(

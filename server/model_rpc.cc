@@ -383,8 +383,8 @@ absl::Status ParseRequest(const grpc::ByteBuffer& raw, const std::string& method
   if (!body.TrySingleSlice(&slice).ok() && !body.DumpToSingleSlice(&slice).ok()) {
     return absl::InvalidArgumentError(absl::StrCat(method, ": unreadable request body"));
   }
+  if (out->ParseFromArray(slice.begin(), static_cast<int>(slice.size()))) return absl::OkStatus();
   const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  if (out->ParseFromString(bytes)) return absl::OkStatus();
   if (std::string bad = FindInvalidUtf8Field(out->GetDescriptor(), bytes, "", 0); !bad.empty()) {
     return absl::InvalidArgumentError(bad);
   }

@@ -71,6 +71,7 @@ struct DecoderSpec {
   bool byte_fallback = false;  // ByteFallback: "<0xNN>" is byte NN
   std::string replace_from;    // Replace / Metaspace: "▁" -> " "
   bool strip_leading_space = false;
+  bool metaspace = false;  // Metaspace decoder: the first token loses every replacement character
 };
 
 absl::StatusOr<DecoderSpec> ParseDecoder(const json& j, const std::string& path) {
@@ -99,7 +100,9 @@ absl::StatusOr<DecoderSpec> ParseDecoder(const json& j, const std::string& path)
       if (!aps.ok()) return aps.status();
       scheme = *aps ? "always" : "never";
     }
-    d.strip_leading_space = scheme != "never";
+    // The first token loses every replacement character (FirstTokenBytes),
+    // which is not the Strip decoder's one leading space of the whole text.
+    d.metaspace = scheme != "never";
     if (auto st = RejectUnknownKeys(
             j, {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"}, path);
         !st.ok()) {
@@ -232,6 +235,10 @@ class HfTokenizer : public Tokenizer {
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const override {
     return DecodeFromTokenBytes(*this, ids, skip_special_tokens);
   }
+  std::string FirstTokenBytes(int32_t id) const override {
+    if (!decoder_.metaspace || id < 0 || id >= static_cast<int32_t>(first_bytes_.size())) return TokenBytes(id);
+    return first_bytes_[id];
+  }
   bool strips_leading_space() const override { return decoder_.strip_leading_space; }
   bool IsSpecial(int32_t id) const override { return Flag(id, kSpecial); }
   bool IsByteFallback(int32_t id) const override { return Flag(id, kByteFallback); }
@@ -268,6 +275,7 @@ class HfTokenizer : public Tokenizer {
   std::deque<AddedToken> added_;
   AddedTokenMatcher raw_matcher_, normalized_matcher_;
   std::vector<std::string> token_bytes_;
+  std::vector<std::string> first_bytes_;  // Metaspace decoder: FirstTokenBytes
   std::vector<uint8_t> flags_;
   absl::flat_hash_map<std::string, int32_t> token_ids_;
   size_t model_vocab_count_ = 0;
@@ -296,6 +304,10 @@ void HfTokenizer::SetTokenString(int32_t id, const std::string& s) {
     return;
   }
   token_bytes_[id] = ReplaceAllStr(s, decoder_.replace_from, " ");
+  if (decoder_.metaspace) {
+    if (id >= static_cast<int32_t>(first_bytes_.size())) first_bytes_.resize(id + 1);
+    first_bytes_[id] = ReplaceAllStr(s, decoder_.replace_from, "");
+  }
 }
 
 absl::Status HfTokenizer::LoadModel(const json& m, const std::string& path) {

@@ -214,6 +214,29 @@ def build_all(root: Path) -> Dict[str, Path]:
     return out
 
 
+def tiktoken_encoding(path: Path, pattern: str = LLAMA3_PATTERN):
+    """A tiktoken Encoding over a byte-level tokenizer.json's vocabulary
+    (rank = id; merges follow the ids' order in a trained BPE) and its
+    split pattern, built locally (tiktoken downloads its own files)."""
+    import tiktoken
+
+    j = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
+    byte_of = {}
+    n = 0
+    for b in range(256):
+        printable = ord("!") <= b <= ord("~") or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF
+        byte_of[chr(b) if printable else chr(256 + n)] = b
+        n += 0 if printable else 1
+    special = {t["content"]: t["id"] for t in j["added_tokens"]}
+    ranks = {}
+    for tok, i in j["model"]["vocab"].items():
+        if tok in special or not all(c in byte_of for c in tok):
+            continue
+        ranks[bytes(byte_of[c] for c in tok)] = i
+    return tiktoken.Encoding(name=f"local-{path.name}", pat_str=pattern, mergeable_ranks=ranks,
+                             special_tokens=special)
+
+
 def hf_tokenizer(path: Path):
     from tokenizers import Tokenizer
 

@@ -36,7 +36,7 @@ def _tool() -> str:
 
 
 TOOL = None
-FAMILIES = ["llama3", "qwen2", "gpt2", "llama2", "mistral", "metaspace"]
+FAMILIES = ["llama3", "qwen2", "gpt2", "llama2", "mistral", "metaspace"] + sorted(F.VARIANTS)
 # Families whose decode(encode(x)) gives x back: byte-level BPE keeps every
 # byte; the SentencePiece ones with the ByteFallback decoder do for text that
 # does not start with a space and has no special token written in it (their

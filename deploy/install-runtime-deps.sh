@@ -20,7 +20,7 @@ case "${ID}:${VERSION_ID}" in
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0  # prometheus-cpp 1.0 (+ civetweb)
       libssl3t64                           # OpenSSL 3 libcrypto: TLS key/certificate checks
       libpcre2-8-0                         # PCRE2: the tokenizer's split pattern
-      libicu74                             # ICU: the tokenizer's NFC normalizer
+      libicu74                             # ICU: the tokenizer's NFC/NFKC normalizers
     ) ;;
   debian:12)
     packages=(

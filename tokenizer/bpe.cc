@@ -119,6 +119,26 @@ absl::Status BpeModel::EncodeWord(std::string_view word, Scratch* s, std::vector
       return absl::OkStatus();
     }
   }
+  if (word.size() > kCacheMaxWordBytes) return MergeWord(word, s, out);
+  const size_t hash = absl::Hash<absl::string_view>()(SV(word));
+  CacheShard& shard = cache_[hash % kCacheShards];
+  {
+    absl::MutexLock lock(&shard.mu);
+    auto it = shard.words.find(SV(word));
+    if (it != shard.words.end()) {
+      out->insert(out->end(), it->second.begin(), it->second.end());
+      return absl::OkStatus();
+    }
+  }
+  const size_t before = out->size();
+  if (absl::Status st = MergeWord(word, s, out); !st.ok()) return st;
+  absl::MutexLock lock(&shard.mu);
+  if (shard.words.size() >= kCacheShardWords) shard.words.clear();
+  shard.words.emplace(std::string(word), std::vector<int32_t>(out->begin() + before, out->end()));
+  return absl::OkStatus();
+}
+
+absl::Status BpeModel::MergeWord(std::string_view word, Scratch* s, std::vector<int32_t>* out) const {
   if (absl::Status st = InitialSymbols(word, s); !st.ok()) return st;
   auto& syms = s->symbols;
   auto& heap = s->heap;

@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 
 namespace fusedserve::tokenizer {
 
@@ -63,6 +64,18 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
   absl::Status InitialSymbols(std::string_view word, Scratch* s) const;
+  absl::Status MergeWord(std::string_view word, Scratch* s, std::vector<int32_t>* out) const;
+
+  // Words seen before (natural text repeats most of them): sharded so that
+  // concurrent Encode calls rarely meet on a lock; a full shard is cleared.
+  struct CacheShard {
+    absl::Mutex mu;
+    absl::flat_hash_map<std::string, std::vector<int32_t>> words;
+  };
+  static constexpr int kCacheShards = 16;
+  static constexpr size_t kCacheShardWords = 8192;
+  static constexpr size_t kCacheMaxWordBytes = 64;
+  mutable CacheShard cache_[kCacheShards];
 
   BpeOptions options_;
   absl::flat_hash_map<std::string, int32_t> vocab_;

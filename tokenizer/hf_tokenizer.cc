@@ -23,6 +23,14 @@ using nlohmann::json;
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // "▁"
 constexpr int64_t kMaxTokenizerFileBytes = int64_t{512} << 20;
 
+// j[key] without a copy; null when absent.
+const json& Field(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
 absl::Status Invalid(const std::string& path, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", SV(what)));
 }
@@ -71,6 +79,7 @@ struct DecoderSpec {
   bool byte_fallback = false;  // ByteFallback: "<0xNN>" is byte NN
   std::string replace_from;    // Replace / Metaspace: "▁" -> " "
   bool strip_leading_space = false;
+  bool metaspace = false;  // Metaspace decoder: the first token loses every replacement character
 };
 
 absl::StatusOr<DecoderSpec> ParseDecoder(const json& j, const std::string& path) {
@@ -99,7 +108,9 @@ absl::StatusOr<DecoderSpec> ParseDecoder(const json& j, const std::string& path)
       if (!aps.ok()) return aps.status();
       scheme = *aps ? "always" : "never";
     }
-    d.strip_leading_space = scheme != "never";
+    // The first token loses every replacement character (FirstTokenBytes),
+    // which is not the Strip decoder's one leading space of the whole text.
+    d.metaspace = scheme != "never";
     if (auto st = RejectUnknownKeys(
             j, {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"}, path);
         !st.ok()) {
@@ -163,7 +174,7 @@ absl::Status ParseTemplateProcessing(const json& j, const std::string& path, Tem
   if (auto st = RejectUnknownKeys(j, {"type", "single", "pair", "special_tokens"}, path); !st.ok()) return st;
   auto single = j.find("single");
   if (single == j.end() || !single->is_array()) return Invalid(path + ".single", "expected an array");
-  const json& specials = j.contains("special_tokens") ? j["special_tokens"] : json::object();
+  const json& specials = Field(j, "special_tokens");
   bool seen_a = false;
   for (size_t i = 0; i < single->size(); ++i) {
     const json& item = (*single)[i];
@@ -232,6 +243,10 @@ class HfTokenizer : public Tokenizer {
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const override {
     return DecodeFromTokenBytes(*this, ids, skip_special_tokens);
   }
+  std::string FirstTokenBytes(int32_t id) const override {
+    if (!decoder_.metaspace || id < 0 || id >= static_cast<int32_t>(first_bytes_.size())) return TokenBytes(id);
+    return first_bytes_[id];
+  }
   bool strips_leading_space() const override { return decoder_.strip_leading_space; }
   bool IsSpecial(int32_t id) const override { return Flag(id, kSpecial); }
   bool IsByteFallback(int32_t id) const override { return Flag(id, kByteFallback); }
@@ -268,6 +283,7 @@ class HfTokenizer : public Tokenizer {
   std::deque<AddedToken> added_;
   AddedTokenMatcher raw_matcher_, normalized_matcher_;
   std::vector<std::string> token_bytes_;
+  std::vector<std::string> first_bytes_;  // Metaspace decoder: FirstTokenBytes
   std::vector<uint8_t> flags_;
   absl::flat_hash_map<std::string, int32_t> token_ids_;
   size_t model_vocab_count_ = 0;
@@ -296,6 +312,10 @@ void HfTokenizer::SetTokenString(int32_t id, const std::string& s) {
     return;
   }
   token_bytes_[id] = ReplaceAllStr(s, decoder_.replace_from, " ");
+  if (decoder_.metaspace) {
+    if (id >= static_cast<int32_t>(first_bytes_.size())) first_bytes_.resize(id + 1);
+    first_bytes_[id] = ReplaceAllStr(s, decoder_.replace_from, "");
+  }
 }
 
 absl::Status HfTokenizer::LoadModel(const json& m, const std::string& path) {
@@ -332,7 +352,7 @@ absl::Status HfTokenizer::LoadModel(const json& m, const std::string& path) {
   opt.fuse_unk = *fuse;
   opt.ignore_merges = *ignore;
   if (opt.byte_fallback && opt.byte_level) return Invalid(path + ".byte_fallback", "not supported with byte-level BPE");
-  const json& vocab = m.contains("vocab") ? m["vocab"] : json();
+  const json& vocab = Field(m, "vocab");
   if (!vocab.is_object()) return Invalid(path + ".vocab", "expected an object");
   if (m.contains("unk_token") && !m["unk_token"].is_null()) {
     if (!m["unk_token"].is_string()) return Invalid(path + ".unk_token", "expected a string");
@@ -356,7 +376,7 @@ absl::Status HfTokenizer::LoadModel(const json& m, const std::string& path) {
       bpe_->AddToken(it.key(), id);
     }
   }
-  const json& merges = m.contains("merges") ? m["merges"] : json();
+  const json& merges = Field(m, "merges");
   if (!merges.is_array()) return Invalid(path + ".merges", "expected an array");
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& mj = merges[i];
@@ -471,13 +491,13 @@ absl::Status HfTokenizer::Load(const json& tok, const json& config, const json& 
       return Invalid(absl::StrCat(origin, ".", key), "is not supported (must be null)");
     }
   }
-  auto decoder = ParseDecoder(tok.value("decoder", json()), origin + ".decoder");
+  auto decoder = ParseDecoder(Field(tok, "decoder"), origin + ".decoder");
   if (!decoder.ok()) return decoder.status();
   decoder_ = *std::move(decoder);
-  auto normalizer = Normalizer::Parse(tok.value("normalizer", json()), origin + ".normalizer");
+  auto normalizer = Normalizer::Parse(Field(tok, "normalizer"), origin + ".normalizer");
   if (!normalizer.ok()) return normalizer.status();
   normalizer_ = *std::move(normalizer);
-  auto pre = PreTokenizer::Parse(tok.value("pre_tokenizer", json()), origin + ".pre_tokenizer");
+  auto pre = PreTokenizer::Parse(Field(tok, "pre_tokenizer"), origin + ".pre_tokenizer");
   if (!pre.ok()) return pre.status();
   pre_tokenizer_ = *std::move(pre);
   // The byte-level vocabulary is spelled in the ByteLevel alphabet on both ends.
@@ -489,10 +509,9 @@ absl::Status HfTokenizer::Load(const json& tok, const json& config, const json& 
     return Invalid(origin + ".normalizer",
                    "a SentencePiece-style tokenizer needs a Metaspace pre-tokenizer or a Prepend/Replace normalizer");
   }
-  if (auto st = LoadModel(tok.value("model", json()), origin + ".model"); !st.ok()) return st;
-  if (auto st = LoadAddedTokens(tok.value("added_tokens", json()), origin + ".added_tokens"); !st.ok()) return st;
-  if (auto st = ParsePostProcessor(tok.value("post_processor", json()), origin + ".post_processor", &template_);
-      !st.ok()) {
+  if (auto st = LoadModel(Field(tok, "model"), origin + ".model"); !st.ok()) return st;
+  if (auto st = LoadAddedTokens(Field(tok, "added_tokens"), origin + ".added_tokens"); !st.ok()) return st;
+  if (auto st = ParsePostProcessor(Field(tok, "post_processor"), origin + ".post_processor", &template_); !st.ok()) {
     return st;
   }
   for (int32_t id : template_.prefix) {

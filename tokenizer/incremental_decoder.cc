@@ -46,10 +46,12 @@ std::string IncrementalDecoder::Push(int32_t id) {
       Emit(text, &out);
     }
     byte_run_.append(tokenizer_.TokenBytes(id));
+    first_token_ = false;
     return out;
   }
   EndByteRun(&out);
-  pending_.append(tokenizer_.TokenBytes(id));
+  pending_.append(first_token_ ? tokenizer_.FirstTokenBytes(id) : tokenizer_.TokenBytes(id));
+  first_token_ = false;
   std::string text;
   const size_t used = AppendUtf8Lossy(pending_, /*final=*/false, &text);
   pending_.erase(0, used);

@@ -29,9 +29,10 @@ class IncrementalDecoder {
   // Ends a run of byte-fallback tokens into `out`.
   void EndByteRun(std::string* out);
 
-  bool first_ = true;     // no text emitted yet (leading-space strip)
-  std::string pending_;   // bytes of an incomplete UTF-8 character
-  std::string byte_run_;  // bytes of the current run of byte-fallback tokens
+  bool first_ = true;        // no text emitted yet (leading-space strip)
+  bool first_token_ = true;  // no token taken yet (FirstTokenBytes)
+  std::string pending_;      // bytes of an incomplete UTF-8 character
+  std::string byte_run_;     // bytes of the current run of byte-fallback tokens
 };
 
 }  // namespace fusedserve::tokenizer

@@ -173,17 +173,18 @@ absl::Status Normalizer::ParseStep(const nlohmann::json& j, const std::string& p
     steps_.push_back({Step::kReplace, from, *content});
     return RejectUnknownKeys(j, {"type", "pattern", "content"}, path);
   }
-  if (*type == "NFC") {
-    steps_.push_back({Step::kNfc, "", ""});
+  if (*type == "NFC" || *type == "NFKC" || *type == "NFD" || *type == "NFKD") {
+    steps_.push_back({Step::kUnicode, *type, ""});
     return RejectUnknownKeys(j, {"type"}, path);
   }
-  return absl::InvalidArgumentError(absl::StrCat(path, ".type: normalizer '", *type,
-                                                 "' is not supported (supported: Sequence, Prepend, Replace, NFC)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ".type: normalizer '", *type,
+                   "' is not supported (supported: Sequence, Prepend, Replace, NFC, NFKC, NFD, NFKD)"));
 }
 
 bool Normalizer::is_metaspace_like() const {
   for (const Step& s : steps_) {
-    if (s.kind == Step::kNfc) return false;
+    if (s.kind == Step::kUnicode) return false;
   }
   return !steps_.empty();
 }
@@ -198,17 +199,20 @@ absl::Status Normalizer::Apply(std::string_view in, std::string* out) const {
       case Step::kReplace:
         if (cur.find(s.from) != std::string::npos) cur = ReplaceAll(cur, s.from, s.to);
         break;
-      case Step::kNfc: {
+      case Step::kUnicode: {
         UErrorCode err = U_ZERO_ERROR;
-        const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(err);
-        if (U_FAILURE(err)) return absl::InternalError(absl::StrCat("tokenizer: ICU NFC: ", u_errorName(err)));
+        const icu::Normalizer2* nfc = s.from == "NFC"    ? icu::Normalizer2::getNFCInstance(err)
+                                      : s.from == "NFKC" ? icu::Normalizer2::getNFKCInstance(err)
+                                      : s.from == "NFD"  ? icu::Normalizer2::getNFDInstance(err)
+                                                         : icu::Normalizer2::getNFKDInstance(err);
+        if (U_FAILURE(err)) return absl::InternalError(absl::StrCat("tokenizer: ICU ", s.from, ": ", u_errorName(err)));
         const icu::StringPiece sp(cur.data(), static_cast<int32_t>(cur.size()));
         if (nfc->isNormalizedUTF8(sp, err) && U_SUCCESS(err)) break;
         err = U_ZERO_ERROR;
         std::string normalized;
         icu::StringByteSink<std::string> sink(&normalized);
         nfc->normalizeUTF8(0, sp, sink, nullptr, err);
-        if (U_FAILURE(err)) return absl::InternalError(absl::StrCat("tokenizer: ICU NFC: ", u_errorName(err)));
+        if (U_FAILURE(err)) return absl::InternalError(absl::StrCat("tokenizer: ICU ", s.from, ": ", u_errorName(err)));
         cur = std::move(normalized);
         break;
       }

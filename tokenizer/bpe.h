@@ -31,6 +31,10 @@ class BpeModel {
   // Vocabulary entry: `key` is the byte string the token stands for in the
   // model's symbol space (raw bytes for byte-level BPE, the UTF-8 piece
   // otherwise).
+  void Reserve(size_t tokens, size_t merges) {
+    vocab_.reserve(tokens);
+    merges_.reserve(merges);
+  }
   void AddToken(std::string key, int32_t id);
   // A merge "left right" (keys as in AddToken) of rank `rank`; false when a
   // part or the merged token is not in the vocabulary.

@@ -35,6 +35,9 @@ void IncrementalDecoder::EndByteRun(std::string* out) {
 
 std::string IncrementalDecoder::Push(int32_t id) {
   std::string out;
+  // Hugging Face's decode drops ids it has no token for (before the
+  // decoders, so they do not even end a byte-fallback run).
+  if (id < 0 || id >= tokenizer_.vocab_size()) return out;
   if (skip_special_tokens_ && tokenizer_.IsSpecial(id)) return out;
   if (tokenizer_.IsByteFallback(id)) {
     // A held incomplete character cannot continue into a byte run (the

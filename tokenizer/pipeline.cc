@@ -25,9 +25,7 @@ bool IsWhiteSpace(char32_t c) {
 size_t TrailingSpaceStart(std::string_view s) {
   size_t i = 0, start = 0;
   while (i < s.size()) {
-    const size_t at = i;
     if (!IsWhiteSpace(NextCodePoint(s, &i))) start = i;
-    (void)at;
   }
   return start;
 }
@@ -122,7 +120,8 @@ void AddedTokenMatcher::Split(std::string_view text, size_t offset, std::vector<
       continue;
     }
     size_t start = pos, stop = pos + hit->content.size();
-    if (hit->lstrip) start = std::max(TrailingSpaceStart(text.substr(0, start)), done);
+    // (Scanning from `done` only: the whitespace cannot reach into an earlier match.)
+    if (hit->lstrip) start = done + TrailingSpaceStart(text.substr(done, start - done));
     if (hit->rstrip) stop += LeadingSpaceLen(text.substr(stop));
     if (start > done) out->push_back({text.substr(done, start - done), offset + done, -1});
     out->push_back({text.substr(start, stop - start), offset + start, hit->id});

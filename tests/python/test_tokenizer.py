@@ -104,7 +104,8 @@ def _random_ids(hf, n_seqs: int, seed: int) -> List[List[int]]:
         for _ in range(rng.randint(0, 24)):
             r = rng.random()
             pool = special if r < 0.1 else byte_ids if (r < 0.5 and byte_ids) else None
-            seq.append(rng.choice(pool) if pool else rng.randrange(vocab))
+            # now and then an id past the vocabulary, which decode drops
+            seq.append(rng.choice(pool) if pool else rng.randrange(vocab + 3))
         seqs.append(seq)
     return seqs
 

@@ -94,6 +94,13 @@ STRESS = [
     "x\n \n \n y",
     "end with spaces     ",
     "end with tabs\t\t",
+    # case folding inside (?i:...), Unicode line/paragraph separators,
+    # format characters, digits of other scripts, tags, plane ends
+    "it'ſ we'LL x'ﬀ İstanbul'S \u212a'd ǅ'M",
+    "\u0085x\u0085 \u0085 a\u2029b\u000bc\u000c",
+    "\u00ad\u200e\u061c\u2066x",
+    "١٢٣٤٥ ۱۲۳ ߀߁ ௧௨௩ 𝟘𝟙𝟚 ⅠⅡⅢ ½¾ ①②",
+    "ǅǈ ᾈ ﬁ Ⅸ \U000e0041\U000e0042 tags \ud7ff\ue000\U0010ffff",
 ]
 
 

@@ -123,6 +123,14 @@ TEST(IncrementalDecoder, ByteFallbackRunsDecodeWhole) {
   EXPECT_EQ(Concat(Pieces(t, {1000 + ' ', 1000 + 'A', 2})), "A x");
 }
 
+TEST(IncrementalDecoder, UnknownIdsAreDropped) {
+  // As in Hugging Face: an id without a token neither emits nor ends a
+  // byte-fallback run, nor counts as the first token.
+  FakeTokenizer t({{1, " x"}}, /*strip=*/true);
+  EXPECT_EQ(Concat(Pieces(t, {-1, 5000, 1000 + 0xE4, 5000, 1000 + 0xB8, 1000 + 0xAD, 1})), "\xE4\xB8\xAD x");
+  EXPECT_EQ(Concat(Pieces(t, {5000, 1})), "x");
+}
+
 TEST(IncrementalDecoder, LeadingSpaceStripAndSpecials) {
   FakeTokenizer t({{1, " Hello"}, {2, " world"}}, /*strip=*/true);
   EXPECT_EQ(Concat(Pieces(t, {1, 2})), "Hello world");

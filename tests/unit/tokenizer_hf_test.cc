@@ -6,8 +6,11 @@
 // tests/python/test_tokenizer.py.)
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
+#include <random>
 #include <string>
+#include <thread>
 
 #include "nlohmann/json.hpp"
 #include "tokenizer/byte_level.h"
@@ -231,6 +234,35 @@ TEST(HfTokenizer, UnsupportedFieldsAreNamed) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   auto missing = LoadTokenizer("/nonexistent-dir");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HfTokenizer, ConcurrentEncodesAgree) {
+  // Encode is called from many request threads at once: the shared word
+  // cache must not change results (TSan-clean by construction: one mutex per shard).
+  auto t = Load(ByteLevelJson());
+  ASSERT_NE(t, nullptr);
+  std::mt19937 rng(3);
+  const char* words[] = {"hello", " world", " hell", "o", " wo", "\xC3\xA9t\xC3\xA9", " 123", "\n\n", " he"};
+  std::vector<std::string> texts(64);
+  for (auto& text : texts) {
+    for (int k = 0; k < 200; ++k) text += words[rng() % 9];
+  }
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& text : texts) want.push_back(*t->Encode(text, true));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int th = 0; th < 8; ++th) {
+    threads.emplace_back([&, th] {
+      for (int r = 0; r < 20; ++r) {
+        for (size_t i = th; i < texts.size(); i += 3) {
+          auto ids = t->Encode(texts[i], true);
+          if (!ids.ok() || *ids != want[i]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(Regex, OnigurumaTranslation) {

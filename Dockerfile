@@ -33,6 +33,7 @@ COPY warmup/ warmup/
 COPY telemetry/ telemetry/
 COPY model/ model/
 COPY engine/ engine/
+COPY tokenizer/ tokenizer/
 COPY server/ server/
 COPY deploy/build-release.sh deploy/check-runtime-deps.sh deploy/install-runtime-deps.sh deploy/
 RUN deploy/build-release.sh "${CUDA_ARCHITECTURES}" \

@@ -95,7 +95,7 @@ double MedianForwardMs(ModelRunner& r, const std::vector<SeqForward>& batch, int
 class WaitSink : public GenerationSink {
  public:
   bool IsCancelled() override { return false; }
-  void OnToken(int32_t) override {}
+  bool OnToken(int32_t, const TokenLogprobs*) override { return true; }
   void OnFinish(const absl::Status& status, const GenerationResult& result) override {
     absl::MutexLock lock(&mu_);
     status_ = status;

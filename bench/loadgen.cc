@@ -22,6 +22,7 @@
 //   fusedserve_loadgen --target=127.0.0.1:50051 --op=rms_norm --dtype=bf16
 //       --shape=1,4096 --concurrency=64 --duration_s=10 --json_out=c64.json
 //   fusedserve_loadgen --rpc=generate --prompt_len=16 --max_new_tokens=32 --concurrency=8
+//   fusedserve_loadgen --rpc=generate --prompt_text="Tell me a story." --max_new_tokens=128 --concurrency=64
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -83,6 +84,9 @@ ABSL_FLAG(int, shared_prefix_len, 0,
           "Generate: leading prompt tokens every request shares (a system prompt the server's prefix cache "
           "reuses); the rest is unique per request, so 0 measures prefills that nothing can reuse");
 ABSL_FLAG(int, max_new_tokens, 16, "Generate: tokens to generate");
+ABSL_FLAG(std::string, prompt_text, "",
+          "Generate: a text prompt (the server's tokenizer encodes it and streams text back; eos is ignored so "
+          "every request generates --max_new_tokens) instead of --prompt_len token ids");
 ABSL_FLAG(std::string, metrics, "", "Server metrics HOST:PORT; adds the mean batch size over the run");
 ABSL_FLAG(std::string, json_out, "", "Write the report as JSON to this file");
 ABSL_FLAG(std::string, label, "", "Free text copied into the report (e.g. 'batching on')");
@@ -212,7 +216,12 @@ class Loadgen {
     if (api != "callback" && api != "sync") return "--client_api must be callback or sync";
     if (generate_) {
       gen_req_.set_max_new_tokens(absl::GetFlag(FLAGS_max_new_tokens));
-      for (int i = 0; i < absl::GetFlag(FLAGS_prompt_len); ++i) gen_req_.add_prompt_token_ids(1 + i % 1000);
+      if (const std::string text = absl::GetFlag(FLAGS_prompt_text); !text.empty()) {
+        gen_req_.set_prompt(text);
+        gen_req_.set_ignore_eos(true);
+      } else {
+        for (int i = 0; i < absl::GetFlag(FLAGS_prompt_len); ++i) gen_req_.add_prompt_token_ids(1 + i % 1000);
+      }
       gen_req_.set_temperature(0);
       gen_req_.set_seed(1);
       return WaitReadyGenerate();
@@ -616,10 +625,13 @@ int Main() {
   nlohmann::json report;
   const double rate = absl::GetFlag(FLAGS_rate);
   const bool generate = absl::GetFlag(FLAGS_rpc) == "generate";
-  const std::string what = generate ? absl::StrCat("Generate prompt=", absl::GetFlag(FLAGS_prompt_len),
-                                                   " new=", absl::GetFlag(FLAGS_max_new_tokens))
-                                    : absl::StrCat("FusedOp ", absl::GetFlag(FLAGS_op), " ", absl::GetFlag(FLAGS_dtype),
-                                                   " [", absl::GetFlag(FLAGS_shape), "]");
+  const std::string prompt = absl::GetFlag(FLAGS_prompt_text).empty()
+                                 ? absl::StrCat(absl::GetFlag(FLAGS_prompt_len))
+                                 : absl::StrCat("text(", absl::GetFlag(FLAGS_prompt_text).size(), " bytes)");
+  const std::string what = generate
+                               ? absl::StrCat("Generate prompt=", prompt, " new=", absl::GetFlag(FLAGS_max_new_tokens))
+                               : absl::StrCat("FusedOp ", absl::GetFlag(FLAGS_op), " ", absl::GetFlag(FLAGS_dtype),
+                                              " [", absl::GetFlag(FLAGS_shape), "]");
   // The open loop sends on a schedule, which only the callback API can do.
   const std::string api = rate > 0 ? "callback" : absl::GetFlag(FLAGS_client_api);
   const std::string mode = rate > 0 ? absl::StrCat("open loop ", rate, " req/s")

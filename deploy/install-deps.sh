@@ -12,7 +12,7 @@ packages=(
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev clang-format-14
-  libpcre2-dev
+  libpcre2-dev libicu-dev
   python3 python3-venv python3-pip
 )
 

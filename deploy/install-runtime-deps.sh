@@ -19,6 +19,8 @@ case "${ID}:${VERSION_ID}" in
       libabsl20220623t64                   # Abseil
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0  # prometheus-cpp 1.0 (+ civetweb)
       libssl3t64                           # OpenSSL 3 libcrypto: TLS key/certificate checks
+      libpcre2-8-0                         # PCRE2: the tokenizer's split pattern
+      libicu74                             # ICU: the tokenizer's NFC/NFKC normalizers
     ) ;;
   debian:12)
     packages=(
@@ -27,6 +29,8 @@ case "${ID}:${VERSION_ID}" in
       libabsl20220623
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
       libssl3
+      libpcre2-8-0
+      libicu72
     ) ;;
   *)
     echo "install-runtime-deps: no package list for ${ID} ${VERSION_ID} (have ubuntu 24.04, debian 12)" >&2

@@ -20,7 +20,8 @@ struct Engine::Sequence {
   int64_t published = 0;        // leading blocks offered to the prefix cache
   int64_t prefix_hit = 0;       // prompt positions found in the prefix cache at first admission
   SamplerRng rng{0};
-  bool counted = false;  // prompt tokens already counted in the metrics
+  bool counted = false;                         // prompt tokens already counted in the metrics
+  FinishReason finish = FinishReason::kLength;  // why it ended, once it has
   absl::Time first_token_time = absl::InfinitePast();
   absl::Time last_token_time = absl::InfinitePast();
 };
@@ -102,6 +103,10 @@ absl::Status Engine::Submit(GenerationRequest r, std::shared_ptr<GenerationSink>
       return absl::InvalidArgumentError(absl::StrCat("stop_token_ids[", i, "] = ", r.stop_token_ids[i],
                                                      " is outside the vocabulary [0, ", c.vocab, ")"));
     }
+  }
+  if (r.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs = ", r.top_logprobs, " is over the limit of ", kMaxTopLogprobs));
   }
   auto seq = std::make_unique<Sequence>();
   seq->tokens = r.prompt;
@@ -199,12 +204,7 @@ void Engine::FinishSequence(Sequence& seq, const absl::Status& status) {
       if (metrics_ != nullptr && status.ok()) metrics_->time_per_output_token().Observe(r.time_per_output_token_s);
     }
   }
-  if (status.ok()) {
-    const int32_t last = seq.tokens.back();
-    const auto& stops = seq.request.stop_token_ids;
-    r.finish_reason =
-        std::find(stops.begin(), stops.end(), last) != stops.end() ? FinishReason::kStop : FinishReason::kLength;
-  }
+  if (status.ok()) r.finish_reason = seq.finish;
   seq.sink->OnFinish(status, r);
 }
 
@@ -488,7 +488,9 @@ void Engine::ForwardAndSample(int64_t left) {
       f.block_table = s.blocks.data();
       f.num_blocks = static_cast<int64_t>(s.blocks.size());
       // Logits only where a token is sampled from them: the prompt's last chunk or a decode.
-      f.want_logits = s.request.sampling.temperature > 0.0f && s.cached + n == static_cast<int64_t>(s.tokens.size());
+      // Logprobs need the row too (the runner copies only the rows asked for).
+      f.want_logits = (s.request.sampling.temperature > 0.0f || s.request.top_logprobs >= 0) &&
+                      s.cached + n == static_cast<int64_t>(s.tokens.size());
       batch.push_back(f);
       member.push_back(i);
     }
@@ -509,9 +511,15 @@ void Engine::ForwardAndSample(int64_t left) {
     s.cached += batch[b].num_tokens;
     blocks_.Publish(s.tokens.data(), s.cached, s.blocks, &s.published);
     if (s.cached < static_cast<int64_t>(s.tokens.size())) continue;  // the prompt continues next step
-    const int32_t tok = batch[b].want_logits
-                            ? SampleToken(out.logits.data() + b * vocab, vocab, s.request.sampling, s.rng)
-                            : out.greedy[b];
+    // Greedy takes the runner's argmax even where the row was copied for
+    // logprobs, so asking for logprobs never changes the tokens.
+    const bool sampled = s.request.sampling.temperature > 0.0f;
+    const int32_t tok =
+        sampled ? SampleToken(out.logits.data() + b * vocab, vocab, s.request.sampling, s.rng) : out.greedy[b];
+    TokenLogprobs logprobs;
+    if (s.request.top_logprobs >= 0) {
+      ComputeLogprobs(out.logits.data() + b * vocab, vocab, tok, s.request.top_logprobs, &logprobs);
+    }
     s.tokens.push_back(tok);
     ++s.generated;
     if (s.generated == 1) {
@@ -522,11 +530,17 @@ void Engine::ForwardAndSample(int64_t left) {
     }
     s.last_token_time = t;
     if (metrics_ != nullptr) metrics_->generated_tokens().Increment();
-    s.sink->OnToken(tok);
+    const bool go_on = s.sink->OnToken(tok, s.request.top_logprobs >= 0 ? &logprobs : nullptr);
     const auto& stops = s.request.stop_token_ids;
-    const bool done = std::find(stops.begin(), stops.end(), tok) != stops.end() ||
-                      s.generated >= s.request.max_new_tokens ||
-                      static_cast<int64_t>(s.tokens.size()) >= options_.max_seq_len;
+    const auto& eos = s.request.eos_token_ids;
+    bool done = true;
+    if (!go_on || std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+      s.finish = FinishReason::kStop;
+    } else if (std::find(eos.begin(), eos.end(), tok) != eos.end()) {
+      s.finish = FinishReason::kEos;
+    } else {
+      done = s.generated >= s.request.max_new_tokens || static_cast<int64_t>(s.tokens.size()) >= options_.max_seq_len;
+    }
     if (done) {
       FinishSequence(s, absl::OkStatus());
       finished[member[b]] = true;

@@ -76,7 +76,9 @@ struct EngineOptions {
   int64_t max_seq_len = 0;
 };
 
-enum class FinishReason { kNone, kLength, kStop };
+// kStop: a stop token id, or the sink ended it (a stop string); kEos: one of
+// the request's eos_token_ids.
+enum class FinishReason { kNone, kLength, kStop, kEos };
 
 struct GenerationResult {
   int64_t prompt_tokens = 0;
@@ -93,17 +95,28 @@ class GenerationSink {
   virtual ~GenerationSink() = default;
   // Polled at every step boundary; true stops the sequence (CANCELLED).
   virtual bool IsCancelled() = 0;
-  // One generated token. Must not block.
-  virtual void OnToken(int32_t token) = 0;
+  // One generated token, with its log-probabilities when the request asked
+  // (else null). Must not block. Returning false ends the generation after
+  // this token (a stop string matched): OnFinish follows, OK with kStop.
+  virtual bool OnToken(int32_t token, const TokenLogprobs* logprobs) = 0;
   // Called exactly once, last. OK with the stats, or why it stopped.
   virtual void OnFinish(const absl::Status& status, const GenerationResult& result) = 0;
 };
+
+// Alternatives per position a request may ask log-probabilities for.
+inline constexpr int kMaxTopLogprobs = 20;
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   int64_t max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
+  // The tokenizer's end-of-sequence ids (text prompts): also end generation,
+  // with FinishReason::kEos.
+  std::vector<int32_t> eos_token_ids;
+  // >= 0: compute each token's log-probability and this many alternatives
+  // (the runner then returns the logits row, as for sampling); -1: none.
+  int top_logprobs = -1;
   absl::Time arrival = absl::Now();
   absl::Time deadline = absl::InfiniteFuture();
 };

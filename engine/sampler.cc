@@ -103,4 +103,27 @@ int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& p,
   return idx[keep - 1];
 }
 
+void ComputeLogprobs(const float* logits, int64_t vocab, int32_t chosen, int top_n, TokenLogprobs* out) {
+  const double mx = logits[cpu::GreedyToken(logits, vocab)];
+  double total = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i]) - mx);
+  const double log_z = mx + std::log(total);
+  out->logprob = static_cast<float>(static_cast<double>(logits[chosen]) - log_z);
+  out->top.clear();
+  if (top_n <= 0) return;
+  // One pass keeping the best top_n (a small sorted window: top_n <= 20).
+  auto before = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  const int64_t n = std::min<int64_t>(top_n, vocab);
+  std::vector<int32_t> best;
+  best.reserve(n + 1);
+  for (int64_t i = 0; i < vocab; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    if (static_cast<int64_t>(best.size()) == n && !before(id, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), id, before), id);
+    if (static_cast<int64_t>(best.size()) > n) best.pop_back();
+  }
+  out->top.reserve(best.size());
+  for (int32_t id : best) out->top.emplace_back(id, static_cast<float>(static_cast<double>(logits[id]) - log_z));
+}
+
 }  // namespace fusedserve

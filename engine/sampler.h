@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace fusedserve {
 
@@ -30,5 +32,16 @@ class SamplerRng {
 
 // Picks a token from logits [vocab]. Greedy (temperature <= 0) is cpu::GreedyToken.
 int32_t SampleToken(const float* logits, int64_t vocab, const SamplingParams& params, SamplerRng& rng);
+
+// Log-probabilities of one generated position: log-softmax of the raw
+// logits (temperature, top-k and top-p do not change them).
+struct TokenLogprobs {
+  float logprob = 0.0f;  // the chosen token's
+  // The top_n most likely (id, logprob), most likely first, ties by lower id.
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// Fills `out` for token `chosen` from logits [vocab]; top_n in [0, vocab].
+void ComputeLogprobs(const float* logits, int64_t vocab, int32_t chosen, int top_n, TokenLogprobs* out);
 
 }  // namespace fusedserve

@@ -347,6 +347,21 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   const ModelConfig model_config = (*weights)->config();
   LogInfo(absl::StrCat("model ", model_config.name, ": ", model_config.layers, " layers, hidden ", model_config.hidden,
                        ", vocab ", model_config.vocab, ", ", model_config.NumParameters() / 1e6, "M parameters"));
+  // The tokenizer: the checkpoint's tokenizer.json, or the presets' built-in
+  // one. One the server cannot reproduce exactly is a config error.
+  absl::StatusOr<std::unique_ptr<TextSupport>> text =
+      TextSupport::Load(absl::GetFlag(FLAGS_model), static_cast<int32_t>(model_config.vocab));
+  if (!text.ok()) {
+    LogError("tokenizer: " + std::string(text.status().message()));
+    return 1;
+  }
+  if (const tokenizer::Tokenizer* t = (*text)->tokenizer(); t != nullptr) {
+    LogInfo(absl::StrCat("tokenizer: ", t->name(), ", vocab ", t->vocab_size()));
+  } else {
+    v1::TokenizerInfo why;
+    (*text)->FillInfo(&why);
+    LogWarning("tokenizer: " + why.unavailable_reason());
+  }
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = absl::UnimplementedError("no model runner");
   int64_t kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
 #ifdef FUSEDSERVE_HAVE_CUDA
@@ -398,6 +413,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   service_options.limits = limits;
   FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
   service.set_engine(engine->get());
+  service.set_text(text->get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -432,6 +448,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   ExportWarmupReport(report, metrics);
   v1::GetServerInfoResponse info = MakeServerInfo(**backend, report, absl::GetFlag(FLAGS_tuning_cache));
   FillModelInfo(model_config, info.mutable_model());
+  (*text)->FillInfo(info.mutable_tokenizer());
   service.set_server_info(std::move(info));
   lifecycle.EnterServing([&] {
     service.set_ready(true);

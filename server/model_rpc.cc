@@ -5,7 +5,9 @@
 #include <cmath>
 #include <deque>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "server/grpc_status.h"
 #include "telemetry/log.h"
 
@@ -142,6 +144,8 @@ v1::FinishReason ToProto(FinishReason r) {
       return v1::FINISH_REASON_LENGTH;
     case FinishReason::kStop:
       return v1::FINISH_REASON_STOP;
+    case FinishReason::kEos:
+      return v1::FINISH_REASON_EOS;
     default:
       return v1::FINISH_REASON_UNSPECIFIED;
   }
@@ -155,7 +159,7 @@ v1::FinishReason ToProto(FinishReason r) {
 // message, so memory stays bounded however slowly the client reads. The
 // object is shared by the engine and gRPC (self_ until OnDone), so neither
 // side can free it under the other.
-class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                            public GenerationSink,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
@@ -165,17 +169,51 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   // Must be called once, right after construction.
   void KeepAliveUntilDone() { self_ = shared_from_this(); }
 
+  // Before Submit: the stream's text (with a tokenizer), its logprobs' token
+  // texts, and whether decode time is recorded (text prompts).
+  void SetText(const TextSupport* text, std::unique_ptr<TextStream> stream, bool logprobs, bool record_time) {
+    text_ = text;
+    stream_ = std::move(stream);
+    logprobs_ = logprobs;
+    record_time_ = record_time;
+  }
+
   // GenerationSink (engine thread).
   bool IsCancelled() override { return cancelled_.load(); }
-  void OnToken(int32_t token) override {
+  bool OnToken(int32_t token, const TokenLogprobs* lp) override {
+    // The text work runs outside mu_: only the engine thread touches stream_.
+    std::string piece;
+    bool matched = false;
+    if (stream_ != nullptr) {
+      const absl::Time t0 = absl::Now();
+      piece = stream_->Push(token, &matched);
+      decode_time_ += absl::Now() - t0;
+    }
+    v1::PositionLogprobs position;
+    if (lp != nullptr && logprobs_) {
+      FillLogprob(token, lp->logprob, position.mutable_chosen());
+      for (const auto& [id, logprob] : lp->top) FillLogprob(id, logprob, position.add_top());
+    }
     {
       absl::MutexLock lock(&mu_);
-      if (finishing_) return;
+      if (finishing_) return false;
       pending_.add_token_ids(token);
+      pending_.mutable_text()->append(piece);
+      if (lp != nullptr && logprobs_) *pending_.add_logprobs() = std::move(position);
     }
     Pump();
+    return !matched;
   }
   void OnFinish(const absl::Status& status, const GenerationResult& result) override {
+    std::string tail;
+    if (stream_ != nullptr && status.ok()) {
+      const absl::Time t0 = absl::Now();
+      tail = stream_->Flush();
+      decode_time_ += absl::Now() - t0;
+    }
+    if (record_time_ && metrics_ != nullptr) {
+      metrics_->tokenizer_time("decode").Observe(absl::ToDoubleSeconds(decode_time_));
+    }
     {
       absl::MutexLock lock(&mu_);
       if (finishing_) return;
@@ -189,6 +227,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
         st->set_time_to_first_token_seconds(result.time_to_first_token_s);
         st->set_time_per_output_token_seconds(result.time_per_output_token_s);
         st->set_finish_reason(ToProto(result.finish_reason));
+        pending_.mutable_text()->append(tail);
       } else {
         pending_.Clear();  // the stream ends with the error instead
       }
@@ -197,7 +236,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   }
 
   // Ends the call at once (validation error, queue full, ...).
-  void FinishNow(const absl::Status& s) { OnFinish(s, GenerationResult{}); }
+  void FinishNow(const absl::Status& s) {
+    record_time_ = false;
+    OnFinish(s, GenerationResult{});
+  }
 
   // gRPC reactions.
   void OnWriteDone(bool ok) override {
@@ -230,7 +272,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || finish_started_) return;
-      const bool has_payload = pending_.token_ids_size() > 0 || pending_.has_stats();
+      const bool has_payload = pending_.token_ids_size() > 0 || pending_.has_stats() || !pending_.text().empty();
       if (has_payload && !cancelled_.load()) {
         in_flight_.Swap(&pending_);
         pending_.Clear();
@@ -247,8 +289,25 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
       }
     }
     if (action == kWrite) {
-      StartWrite(&in_flight_);
-    } else if (action == kFinish) {
+      // Generate is registered raw (see ParseRequest): the reactor writes bytes.
+      bool own = false;
+      in_flight_bytes_.Clear();  // the previous write's, done by now
+      const grpc::Status serialized =
+          grpc::SerializationTraits<v1::GenerateResponse>::Serialize(in_flight_, &in_flight_bytes_, &own);
+      if (serialized.ok()) {
+        StartWrite(&in_flight_bytes_);
+        return;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        finish_started_ = true;
+      }
+      cancelled_.store(true);
+      if (engine_ != nullptr) engine_->Wake();
+      status = absl::InternalError("Generate: cannot serialize a response: " + serialized.error_message());
+      action = kFinish;
+    }
+    if (action == kFinish) {
       const grpc::Status g = ToGrpcStatus(status);
       if (metrics_ != nullptr) {
         metrics_->RecordRequest("Generate", "", GrpcCodeName(g.error_code()),
@@ -258,8 +317,19 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
     }
   }
 
+  void FillLogprob(int32_t id, float logprob, v1::TokenLogprob* out) const {
+    out->set_token_id(id);
+    out->set_logprob(logprob);
+    if (text_ != nullptr) out->set_text(text_->TokenText(id));
+  }
+
   Engine* const engine_;
   Metrics* const metrics_;
+  const TextSupport* text_ = nullptr;   // set before Submit, then read-only
+  std::unique_ptr<TextStream> stream_;  // engine thread only (after Submit)
+  bool logprobs_ = false;
+  bool record_time_ = false;
+  absl::Duration decode_time_;  // engine thread only
   const absl::Time start_;
   const absl::Time deadline_;
   const std::function<void()> on_done_;
@@ -268,6 +338,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   absl::Mutex mu_;
   v1::GenerateResponse pending_ ABSL_GUARDED_BY(mu_);  // tokens (and stats) not yet written
   v1::GenerateResponse in_flight_;                     // the message being written
+  grpc::ByteBuffer in_flight_bytes_;                   // ... serialized
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;       // final status known
   bool finish_started_ ABSL_GUARDED_BY(mu_) = false;  // Finish called
@@ -276,11 +347,130 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Metrics* metrics,
-                                                              const absl::Status& accepting,
-                                                              grpc::CallbackServerContext* ctx,
-                                                              const v1::GenerateRequest* request,
-                                                              std::function<void()> on_done) {
+namespace {
+
+// The first string field of a serialized `type` message (nested messages
+// included) whose bytes are not valid UTF-8, as "path: ...", or "".
+std::string FindInvalidUtf8Field(const google::protobuf::Descriptor* type, const std::string& bytes,
+                                 const std::string& prefix, int depth) {
+  google::protobuf::UnknownFieldSet fields;
+  if (depth > 4 || !fields.ParseFromString(bytes)) return "";
+  absl::flat_hash_map<int, int> seen;  // repeated fields' next index
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const google::protobuf::UnknownField& f = fields.field(i);
+    const google::protobuf::FieldDescriptor* d = type->FindFieldByNumber(f.number());
+    if (d == nullptr || f.type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) continue;
+    std::string path = prefix + d->name();
+    if (d->is_repeated()) absl::StrAppend(&path, "[", seen[f.number()]++, "]");
+    if (d->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+      if (std::optional<size_t> bad = InvalidUtf8Offset(f.length_delimited()); bad.has_value()) {
+        return absl::StrCat(path, ": not valid UTF-8 (byte offset ", *bad, ")");
+      }
+    } else if (d->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE) {
+      std::string inner = FindInvalidUtf8Field(d->message_type(), f.length_delimited(), path + ".", depth + 1);
+      if (!inner.empty()) return inner;
+    }
+  }
+  return "";
+}
+
+// Parses a raw request body. Generate and Tokenize are registered raw so
+// that text that is not valid UTF-8 (which protobuf refuses to parse, and
+// gRPC's typed handlers then answer UNIMPLEMENTED with no message) gets
+// INVALID_ARGUMENT naming the field.
+absl::Status ParseRequest(const grpc::ByteBuffer& raw, const std::string& method, google::protobuf::Message* out) {
+  grpc::ByteBuffer body(raw);  // Deserialize consumes its buffer; the copy shares the slices
+  grpc::Slice slice;
+  if (!body.TrySingleSlice(&slice).ok() && !body.DumpToSingleSlice(&slice).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(method, ": unreadable request body"));
+  }
+  if (out->ParseFromArray(slice.begin(), static_cast<int>(slice.size()))) return absl::OkStatus();
+  const std::string bytes(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  if (std::string bad = FindInvalidUtf8Field(out->GetDescriptor(), bytes, "", 0); !bad.empty()) {
+    return absl::InvalidArgumentError(bad);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(method, ": the request body (", bytes.size(),
+                                                 " bytes) is not a valid ", out->GetDescriptor()->full_name(),
+                                                 "; check that the client was generated from this server's "
+                                                 "fusedserve/v1/fusedserve.proto"));
+}
+
+// The prompt (ids, text or chat turns), stop strings, logprobs and special
+// token choices of a Generate request, into `r` and the stream's text state.
+// `text` may be null (no tokenizer at all).
+absl::Status PrepareGenerate(const v1::GenerateRequest& q, const TextSupport* text, const Engine& engine,
+                             Metrics* metrics, GenerationRequest* r, std::unique_ptr<TextStream>* stream,
+                             bool* text_prompt) {
+  const int given = (q.prompt_token_ids_size() > 0) + !q.prompt().empty() + (q.messages_size() > 0);
+  if (given != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("give exactly one of prompt_token_ids, prompt (text) and messages (chat turns); this request has ",
+                     given == 0 ? "none" : "several"));
+  }
+  const TextSupport no_text("this server has no tokenizer");
+  const TextSupport& t = text != nullptr ? *text : no_text;
+  *text_prompt = q.prompt_token_ids_size() == 0;
+  if (*text_prompt) {
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<std::vector<int32_t>> ids =
+        q.messages_size() > 0
+            ? t.EncodeChat(q.messages())
+            : t.EncodeText("prompt", q.prompt(), q.has_add_special_tokens() ? q.add_special_tokens() : true);
+    if (!ids.ok()) return ids.status();
+    if (metrics != nullptr) metrics->tokenizer_time("encode").Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+    const char* field = q.messages_size() > 0 ? "messages" : "prompt";
+    if (ids->empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": encodes to no tokens"));
+    if (static_cast<int64_t>(ids->size()) >= engine.options().max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": encodes to ", ids->size(),
+                                                     " tokens, which leave no room to generate (max sequence length ",
+                                                     engine.options().max_seq_len, ")"));
+    }
+    r->prompt = *std::move(ids);
+    if (!q.ignore_eos()) r->eos_token_ids = t.tokenizer()->eos_ids();
+  } else {
+    r->prompt.assign(q.prompt_token_ids().begin(), q.prompt_token_ids().end());
+  }
+  if (q.stop_size() > 0) {
+    if (absl::Status s = t.CheckAvailable("stop"); !s.ok()) return s;
+    if (q.stop_size() > kMaxStopStrings) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop: ", q.stop_size(), " strings; at most ", kMaxStopStrings, " are accepted"));
+    }
+    for (int i = 0; i < q.stop_size(); ++i) {
+      const std::string& s = q.stop(i);
+      if (s.empty() || s.size() > kMaxStopBytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stop[", i, "]: must be 1 to ", kMaxStopBytes, " bytes (got ", s.size(), ")"));
+      }
+      if (std::optional<size_t> bad = InvalidUtf8Offset(s); bad.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: not valid UTF-8 (byte offset ", *bad, ")"));
+      }
+    }
+  }
+  if (q.top_logprobs() < 0 || q.top_logprobs() > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs = ", q.top_logprobs(), " is outside [0, ", kMaxTopLogprobs, "]"));
+  }
+  if (q.top_logprobs() > 0 && !q.logprobs()) {
+    return absl::InvalidArgumentError("top_logprobs needs logprobs = true");
+  }
+  r->top_logprobs = q.logprobs() ? q.top_logprobs() : -1;
+  // Text goes with every stream where the server has a tokenizer (token-id
+  // prompts too: it costs little and saves the client a tokenizer).
+  if (t.tokenizer() != nullptr) {
+    *stream = std::make_unique<TextStream>(*t.tokenizer(), q.has_skip_special_tokens() ? q.skip_special_tokens() : true,
+                                           std::vector<std::string>(q.stop().begin(), q.stop().end()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartGenerate(Engine* engine, Metrics* metrics, const TextSupport* text,
+                                                          const absl::Status& accepting,
+                                                          grpc::CallbackServerContext* ctx,
+                                                          const grpc::ByteBuffer* raw_request,
+                                                          std::function<void()> on_done) {
   const absl::Time start = absl::Now();
   auto call =
       std::make_shared<GenerateCall>(engine, metrics, start, absl::FromChrono(ctx->deadline()), std::move(on_done));
@@ -294,8 +484,20 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Me
     reactor->FinishNow(accepting);
     return reactor;
   }
+  v1::GenerateRequest parsed;
+  if (absl::Status s = ParseRequest(*raw_request, "Generate", &parsed); !s.ok()) {
+    reactor->FinishNow(s);
+    return reactor;
+  }
+  const v1::GenerateRequest* request = &parsed;
   GenerationRequest r;
-  r.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
+  std::unique_ptr<TextStream> stream;
+  bool text_prompt = false;
+  if (absl::Status s = PrepareGenerate(*request, text, *engine, metrics, &r, &stream, &text_prompt); !s.ok()) {
+    reactor->FinishNow(s);
+    return reactor;
+  }
+  call->SetText(text, std::move(stream), request->logprobs(), text_prompt);
   r.max_new_tokens = request->max_new_tokens();
   r.sampling.temperature = request->temperature();
   r.sampling.top_k = request->top_k();
@@ -306,6 +508,51 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Me
   r.deadline = absl::FromChrono(ctx->deadline());  // the same as the reactor's
   if (absl::Status s = engine->Submit(std::move(r), std::move(call)); !s.ok()) reactor->FinishNow(s);
   return reactor;
+}
+
+absl::Status Tokenize(const TextSupport* text, const grpc::ByteBuffer& raw_request, grpc::ByteBuffer* raw_response) {
+  v1::TokenizeRequest request;
+  if (absl::Status s = ParseRequest(raw_request, "Tokenize", &request); !s.ok()) return s;
+  v1::TokenizeResponse response;
+  if (absl::Status s = Tokenize(text, request, &response); !s.ok()) return s;
+  bool own = false;
+  const grpc::Status g = grpc::SerializationTraits<v1::TokenizeResponse>::Serialize(response, raw_response, &own);
+  if (!g.ok()) return absl::InternalError("Tokenize: " + g.error_message());
+  return absl::OkStatus();
+}
+
+absl::Status Tokenize(const TextSupport* text, const v1::TokenizeRequest& request, v1::TokenizeResponse* response) {
+  if (text == nullptr) return absl::FailedPreconditionError("Tokenize: this server has no tokenizer");
+  const bool has_text = !request.text().empty();
+  if (has_text == (request.messages_size() > 0)) {
+    return absl::InvalidArgumentError("give exactly one of text and messages");
+  }
+  absl::StatusOr<std::vector<int32_t>> ids =
+      has_text ? text->EncodeText("text", request.text(),
+                                  request.has_add_special_tokens() ? request.add_special_tokens() : true)
+               : text->EncodeChat(request.messages());
+  if (!ids.ok()) return ids.status();
+  response->mutable_token_ids()->Reserve(static_cast<int>(ids->size()));
+  for (int32_t id : *ids) {
+    response->add_token_ids(id);
+    response->add_tokens(text->TokenText(id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Detokenize(const TextSupport* text, int64_t vocab, const v1::DetokenizeRequest& request,
+                        v1::DetokenizeResponse* response) {
+  if (text == nullptr) return absl::FailedPreconditionError("Detokenize: this server has no tokenizer");
+  if (absl::Status s = text->CheckAvailable("Detokenize"); !s.ok()) return s;
+  for (int i = 0; i < request.token_ids_size(); ++i) {
+    if (request.token_ids(i) < 0 || request.token_ids(i) >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_ids[", i, "] = ", request.token_ids(i), " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  response->set_text(text->tokenizer()->Decode(
+      request.token_ids(), request.has_skip_special_tokens() ? request.skip_special_tokens() : true));
+  return absl::OkStatus();
 }
 
 }  // namespace fusedserve

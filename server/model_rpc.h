@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
+#include "server/text.h"
 #include "server/validation.h"
 #include "telemetry/metrics.h"
 
@@ -35,13 +36,25 @@ void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx, con
                            std::function<void(const absl::Status&)> finish);
 
 // The reactor of one Generate call. engine may be null (UNIMPLEMENTED); a
-// non-OK `accepting` (warming up, draining) ends the call with it. Records
+// non-OK `accepting` (warming up, draining) ends the call with it. text (the
+// tokenizer; may be null) encodes text prompts and decodes the stream.
+// The request and responses travel raw (a GenerateRequest, GenerateResponse
+// messages): a body that does not parse, such as text that is not valid
+// UTF-8, gets INVALID_ARGUMENT naming the field. Records
 // fusedserve_requests_total; on_done (may be empty) runs when gRPC is done
 // with the call.
-grpc::ServerWriteReactor<v1::GenerateResponse>* StartGenerate(Engine* engine, Metrics* metrics,
-                                                              const absl::Status& accepting,
-                                                              grpc::CallbackServerContext* ctx,
-                                                              const v1::GenerateRequest* request,
-                                                              std::function<void()> on_done);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartGenerate(Engine* engine, Metrics* metrics, const TextSupport* text,
+                                                          const absl::Status& accepting,
+                                                          grpc::CallbackServerContext* ctx,
+                                                          const grpc::ByteBuffer* raw_request,
+                                                          std::function<void()> on_done);
+
+// Tokenize and Detokenize (text may be null: FAILED_PRECONDITION). vocab: the
+// model's, which bounds the ids Detokenize accepts.
+absl::Status Tokenize(const TextSupport* text, const v1::TokenizeRequest& request, v1::TokenizeResponse* response);
+// Tokenize on a raw body (see StartGenerate).
+absl::Status Tokenize(const TextSupport* text, const grpc::ByteBuffer& raw_request, grpc::ByteBuffer* raw_response);
+absl::Status Detokenize(const TextSupport* text, int64_t vocab, const v1::DetokenizeRequest& request,
+                        v1::DetokenizeResponse* response);
 
 }  // namespace fusedserve

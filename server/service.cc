@@ -136,10 +136,11 @@ grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServ
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* FusedServeService::Generate(grpc::CallbackServerContext* ctx,
-                                                                            const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FusedServeService::Generate(grpc::CallbackServerContext* ctx,
+                                                                        const grpc::ByteBuffer* raw_request) {
   CallStarted();
-  return StartGenerate(engine_.load(), metrics_, CheckAccepting(), ctx, request, [this] { CallFinished(); });
+  return StartGenerate(engine_.load(), metrics_, text_.load(), CheckAccepting(), ctx, raw_request,
+                       [this] { CallFinished(); });
 }
 
 grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerContext* ctx,
@@ -152,6 +153,33 @@ grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerC
   }
   CallStarted();  // balanced by Finish
   Finish(reactor, "GetServerInfo", "", absl::Now(), absl::OkStatus());
+  return reactor;
+}
+
+// Tokenize and Detokenize run on the gRPC thread: encoding is far cheaper
+// than a queue hop, and needs no warm device.
+grpc::ServerUnaryReactor* FusedServeService::Tokenize(grpc::CallbackServerContext* ctx,
+                                                      const grpc::ByteBuffer* raw_request,
+                                                      grpc::ByteBuffer* raw_response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time start = absl::Now();
+  CallStarted();
+  Finish(reactor, "Tokenize", "", start, fusedserve::Tokenize(text_.load(), *raw_request, raw_response));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FusedServeService::Detokenize(grpc::CallbackServerContext* ctx,
+                                                        const v1::DetokenizeRequest* request,
+                                                        v1::DetokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time start = absl::Now();
+  CallStarted();
+  Engine* engine = engine_.load();
+  const TextSupport* text = text_.load();
+  const int64_t vocab = engine != nullptr                                 ? engine->config().vocab
+                        : text != nullptr && text->tokenizer() != nullptr ? text->tokenizer()->vocab_size()
+                                                                          : 0;
+  Finish(reactor, "Detokenize", "", start, fusedserve::Detokenize(text, vocab, *request, response));
   return reactor;
 }
 

@@ -14,7 +14,8 @@
 
 namespace fusedserve {
 
-class Engine;  // engine/engine.h: the generation engine (TransformerBlock, Generate)
+class Engine;       // engine/engine.h: the generation engine (TransformerBlock, Generate)
+class TextSupport;  // server/text.h: the tokenizer (text prompts, Tokenize, Detokenize)
 
 struct ServiceOptions {
   ValidationLimits limits;
@@ -23,7 +24,11 @@ struct ServiceOptions {
 // FusedOp is registered raw (bytes in, bytes out) and parsed here: on a body
 // that does not parse, gRPC 1.51's typed callback handler answers
 // UNIMPLEMENTED with an empty message and never calls the service.
-class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_FusedOp<v1::FusedServe::CallbackService> {
+// Generate and Tokenize are raw too, so that text that is not valid UTF-8
+// gets INVALID_ARGUMENT naming the field (see model_rpc.h).
+class FusedServeService final
+    : public v1::FusedServe::WithRawCallbackMethod_FusedOp<v1::FusedServe::WithRawCallbackMethod_Generate<
+          v1::FusedServe::WithRawCallbackMethod_Tokenize<v1::FusedServe::CallbackService>>> {
  public:
   FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options);
 
@@ -45,6 +50,9 @@ class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_Fus
   // The model engine serving TransformerBlock and Generate; until set (or
   // when the server hosts no model) they answer UNIMPLEMENTED.
   void set_engine(Engine* engine) { engine_.store(engine); }
+  // The tokenizer (owned by the caller, outliving the service); set before
+  // serving. Until set, text requests get FAILED_PRECONDITION.
+  void set_text(const TextSupport* text) { text_.store(text); }
 
   // A body that is not a FusedOpRequest: INVALID_ARGUMENT saying so.
   grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
@@ -52,10 +60,14 @@ class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_Fus
   grpc::ServerUnaryReactor* TransformerBlock(grpc::CallbackServerContext* ctx,
                                              const v1::TransformerBlockRequest* request,
                                              v1::TransformerBlockResponse* response) override;
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
-                                                           const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* raw_request) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest* request,
                                           v1::GetServerInfoResponse* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
+                                     grpc::ByteBuffer* raw_response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx, const v1::DetokenizeRequest* request,
+                                       v1::DetokenizeResponse* response) override;
 
  private:
   void Finish(grpc::ServerUnaryReactor* reactor, const std::string& rpc, const std::string& op, absl::Time start,
@@ -77,6 +89,7 @@ class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_Fus
   absl::Mutex calls_mu_;
   int64_t calls_in_flight_ ABSL_GUARDED_BY(calls_mu_) = 0;
   std::atomic<Engine*> engine_{nullptr};
+  std::atomic<const TextSupport*> text_{nullptr};
   absl::Mutex info_mu_;
   v1::GetServerInfoResponse info_ ABSL_GUARDED_BY(info_mu_);
 };

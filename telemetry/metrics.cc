@@ -103,6 +103,15 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                .Help("Generate: mean time per generated token after the first, seconds")
                .Register(r)
                .Add({}, LatencyBuckets());
+  auto& tokenizer =
+      prometheus::BuildHistogram()
+          .Name("fusedserve_tokenizer_seconds")
+          .Help("Generate: tokenizer time per request (op encode: the prompt; decode: the stream), seconds")
+          .Register(r);
+  const prometheus::Histogram::BucketBoundaries tok_buckets = {1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3,
+                                                               3e-3, 1e-2, 3e-2, 0.1,  0.3,  1.0};
+  tok_encode_ = &tokenizer.Add({{"op", "encode"}}, tok_buckets);
+  tok_decode_ = &tokenizer.Add({{"op", "decode"}}, tok_buckets);
   prompt_tokens_ = &prometheus::BuildCounter()
                         .Name("fusedserve_prompt_tokens_total")
                         .Help("Prompt tokens processed by Generate")

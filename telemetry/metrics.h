@@ -56,6 +56,9 @@ class Metrics {
   // Generation metrics.
   prometheus::Histogram& time_to_first_token() { return *ttft_; }
   prometheus::Histogram& time_per_output_token() { return *tpot_; }
+  // Tokenizer time of one Generate request: op "encode" (the prompt) or
+  // "decode" (the stream's incremental detokenization and stop matching).
+  prometheus::Histogram& tokenizer_time(const std::string& op) { return op == "encode" ? *tok_encode_ : *tok_decode_; }
   prometheus::Counter& prompt_tokens() { return *prompt_tokens_; }
   prometheus::Counter& generated_tokens() { return *generated_tokens_; }
   prometheus::Gauge& requests_running() { return *running_; }
@@ -85,6 +88,8 @@ class Metrics {
   prometheus::Gauge* gpu_memory_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* tpot_;
+  prometheus::Histogram* tok_encode_;
+  prometheus::Histogram* tok_decode_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generated_tokens_;
   prometheus::Gauge* running_;

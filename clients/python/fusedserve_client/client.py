@@ -4,9 +4,11 @@
     with FusedServeClient("localhost:50051") as c:
         c.wait_until_serving()
         y = c.fused_op("rms_norm", x=x, weight=w, eps=1e-5)["y"]
-        for token in (stream := c.generate([1, 2, 3], max_new_tokens=8)):
-            print(token)
+        for piece in (stream := c.generate("The capital of France is", max_new_tokens=8)):
+            print(piece, end="", flush=True)
         print(stream.stats)
+        reply = c.chat([{"role": "user", "content": "Hi!"}], max_new_tokens=32).collect()
+        ids = c.tokenize("Hello").token_ids
 
 Every RPC error is raised as FusedServeError with the gRPC status code and the
 server's message (which names the offending field for INVALID_ARGUMENT).
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
@@ -59,7 +61,7 @@ class GenerationStats:
     generated_tokens: int
     time_to_first_token_seconds: float
     time_per_output_token_seconds: float
-    finish_reason: str  # "length", "stop" or "unspecified"
+    finish_reason: str  # "length", "stop", "eos" or "unspecified"
 
     @classmethod
     def from_proto(cls, s: "pb.GenerationStats") -> "GenerationStats":
@@ -69,24 +71,37 @@ class GenerationStats:
                    s.time_per_output_token_seconds, reason)
 
 
-class GenerateStream(Iterator[int]):
-    """Iterator over generated token ids; .stats is set once the stream has ended.
+@dataclass(frozen=True)
+class Tokenized:
+    token_ids: List[int]
+    tokens: List[str]  # each token's text (bytes shown lossily as UTF-8)
+
+
+class GenerateStream(Iterator[Any]):
+    """A Generate stream. Iterating yields text pieces for a text prompt
+    (generate("...") or chat(...)), token ids for a token-id prompt; either
+    way .tokens, .text (the text so far, when the server has a tokenizer) and
+    .logprobs (PositionLogprobs messages, with logprobs=True) accumulate, and
+    .stats is set once the stream has ended.
 
     Leaving a `with` block (or calling cancel()) before the end cancels the RPC,
     which frees the sequence's KV cache on the server at its next step.
     """
 
-    def __init__(self, call):
+    def __init__(self, call, text_mode: bool = False):
         self._call = call
-        self._pending: List[int] = []
+        self._text_mode = text_mode
+        self._pending: List[Any] = []
         self._done = False
         self.tokens: List[int] = []
+        self.text: str = ""
+        self.logprobs: List["pb.PositionLogprobs"] = []
         self.stats: Optional[GenerationStats] = None
 
     def __iter__(self) -> "GenerateStream":
         return self
 
-    def __next__(self) -> int:
+    def __next__(self) -> Any:
         while not self._pending:
             if self._done:
                 raise StopIteration
@@ -98,18 +113,24 @@ class GenerateStream(Iterator[int]):
             except grpc.RpcError as e:
                 self._done = True
                 raise FusedServeError.from_rpc_error("Generate", e) from None
-            self._pending.extend(msg.token_ids)
+            self.tokens.extend(msg.token_ids)
+            self.text += msg.text
+            self.logprobs.extend(msg.logprobs)
+            if self._text_mode:
+                if msg.text:
+                    self._pending.append(msg.text)
+            else:
+                self._pending.extend(msg.token_ids)
             if msg.HasField("stats"):
                 self.stats = GenerationStats.from_proto(msg.stats)
-        token = self._pending.pop(0)
-        self.tokens.append(token)
-        return token
+        return self._pending.pop(0)
 
-    def collect(self) -> List[int]:
-        """Reads the stream to its end and returns every token id."""
+    def collect(self) -> Any:
+        """Reads the stream to its end; returns the whole text (text prompt)
+        or every token id (token-id prompt)."""
         for _ in self:
             pass
-        return list(self.tokens)
+        return self.text if self._text_mode else list(self.tokens)
 
     def cancel(self) -> None:
         if not self._done:
@@ -121,6 +142,22 @@ class GenerateStream(Iterator[int]):
 
     def __exit__(self, *exc) -> None:
         self.cancel()
+
+
+Message = Union[Mapping[str, str], Tuple[str, str], "pb.ChatMessage"]
+
+
+def _chat_messages(messages: Iterable[Message]) -> List["pb.ChatMessage"]:
+    out = []
+    for m in messages:
+        if isinstance(m, pb.ChatMessage):
+            out.append(m)
+        elif isinstance(m, Mapping):
+            out.append(pb.ChatMessage(role=str(m["role"]), content=str(m["content"])))
+        else:
+            role, content = m
+            out.append(pb.ChatMessage(role=str(role), content=str(content)))
+    return out
 
 
 class FusedServeClient:
@@ -214,19 +251,82 @@ class FusedServeClient:
         return from_tensor(resp.hidden, "hidden")
 
     # -- Generate -----------------------------------------------------------------
-    def generate(self, prompt_token_ids: Iterable[int], max_new_tokens: int = 16, *,
+    def generate(self, prompt: Union[str, Iterable[int], None] = None, max_new_tokens: int = 16, *,
+                 prompt_token_ids: Optional[Iterable[int]] = None,
+                 messages: Optional[Iterable[Message]] = None,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 0.0,
-                 seed: int = 0, stop_token_ids: Iterable[int] = (),
-                 timeout: Optional[float] = None) -> GenerateStream:
-        """Streams generated token ids. temperature 0 is greedy; the same seed and
-        request give the same tokens. The returned stream's .stats (prompt and
-        generated tokens, TTFT, TPOT, finish reason) is set after the last token.
+                 seed: int = 0, stop: Union[str, Iterable[str]] = (), stop_token_ids: Iterable[int] = (),
+                 logprobs: bool = False, top_logprobs: int = 0,
+                 skip_special_tokens: bool = True, add_special_tokens: bool = True,
+                 ignore_eos: bool = False, timeout: Optional[float] = None) -> GenerateStream:
+        """Streams a generation. prompt is text (a str: the stream yields text
+        pieces, encoded with the server's tokenizer) or token ids (yields ids);
+        or give messages (chat turns, see chat()). temperature 0 is greedy; the
+        same seed and request give the same tokens. stop: strings that end the
+        text (not returned); text prompts also end at the tokenizer's
+        end-of-sequence tokens unless ignore_eos. logprobs / top_logprobs
+        (0..20): each token's log-probability and the most likely alternatives
+        (stream.logprobs). The stream's .stats (prompt and generated tokens,
+        TTFT, TPOT, finish reason) is set after the last message.
         timeout: deadline of the whole stream in seconds (default: none)."""
-        req = pb.GenerateRequest(prompt_token_ids=[int(t) for t in prompt_token_ids],
-                                 max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+        req = pb.GenerateRequest(max_new_tokens=int(max_new_tokens), temperature=float(temperature),
                                  top_k=int(top_k), top_p=float(top_p), seed=int(seed),
-                                 stop_token_ids=[int(t) for t in stop_token_ids])
-        return GenerateStream(self.stub.Generate(req, timeout=timeout))
+                                 stop_token_ids=[int(t) for t in stop_token_ids],
+                                 stop=[stop] if isinstance(stop, str) else [str(x) for x in stop],
+                                 logprobs=bool(logprobs), top_logprobs=int(top_logprobs),
+                                 ignore_eos=bool(ignore_eos))
+        if not skip_special_tokens:
+            req.skip_special_tokens = False
+        if not add_special_tokens:
+            req.add_special_tokens = False
+        text_mode = True
+        if isinstance(prompt, str):
+            req.prompt = prompt
+        elif prompt is not None:
+            req.prompt_token_ids.extend(int(t) for t in prompt)
+            text_mode = False
+        if prompt_token_ids is not None:
+            req.prompt_token_ids.extend(int(t) for t in prompt_token_ids)
+            text_mode = False
+        if messages is not None:
+            req.messages.extend(_chat_messages(messages))
+            text_mode = True
+        return GenerateStream(self.stub.Generate(req, timeout=timeout), text_mode=text_mode)
+
+    def chat(self, messages: Iterable[Message], max_new_tokens: int = 256, **kw: Any) -> GenerateStream:
+        """Streams the assistant's reply to chat turns ({"role": ..., "content":
+        ...} dicts or (role, content) pairs) as text pieces, formatted with the
+        checkpoint's chat format (server_info().tokenizer.chat_format). Takes
+        generate()'s keyword arguments."""
+        return self.generate(messages=messages, max_new_tokens=max_new_tokens, **kw)
+
+    def tokenize(self, text: Optional[str] = None, *, messages: Optional[Iterable[Message]] = None,
+                 add_special_tokens: bool = True, timeout: Optional[float] = _UNSET) -> Tokenized:
+        """Text (or chat turns) -> token ids with the server's tokenizer, and each
+        token's text. add_special_tokens: the tokenizer's BOS (text only)."""
+        req = pb.TokenizeRequest()
+        if text is not None:
+            req.text = text
+        if messages is not None:
+            req.messages.extend(_chat_messages(messages))
+        if not add_special_tokens:
+            req.add_special_tokens = False
+        try:
+            resp = self.stub.Tokenize(req, timeout=self._deadline(timeout))
+        except grpc.RpcError as e:
+            raise FusedServeError.from_rpc_error("Tokenize", e) from None
+        return Tokenized(list(resp.token_ids), list(resp.tokens))
+
+    def detokenize(self, token_ids: Iterable[int], *, skip_special_tokens: bool = True,
+                   timeout: Optional[float] = _UNSET) -> str:
+        """Token ids -> text (special tokens left out unless skip_special_tokens=False)."""
+        req = pb.DetokenizeRequest(token_ids=[int(t) for t in token_ids])
+        if not skip_special_tokens:
+            req.skip_special_tokens = False
+        try:
+            return self.stub.Detokenize(req, timeout=self._deadline(timeout)).text
+        except grpc.RpcError as e:
+            raise FusedServeError.from_rpc_error("Detokenize", e) from None
 
     # -- Info and health ----------------------------------------------------------
     def server_info(self, timeout: Optional[float] = _UNSET) -> "pb.GetServerInfoResponse":

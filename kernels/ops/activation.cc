@@ -21,14 +21,16 @@ absl::Status RunSiluAndMul(const cpu::OpCall& c) {
   const int64_t I = ml[1] / 2;
   const auto x = c.In("x");
   float* y = c.Out("y");
-  return c.ForEachChunk(ml[0], [&](int64_t b, int64_t e) { cpu::SiluAndMul(x.data() + b * 2 * I, e - b, I, y + b * I); });
+  return c.ForEachChunk(ml[0],
+                        [&](int64_t b, int64_t e) { cpu::SiluAndMul(x.data() + b * 2 * I, e - b, I, y + b * I); });
 }
 
 absl::Status RunGelu(const cpu::OpCall& c) {
   const auto x = c.In("x");
   const bool tanh = c.r.s("approximate") == "tanh";
   float* y = c.Out("y");
-  return c.ForEachChunk(c.r.in("x").numel(), [&](int64_t b, int64_t e) { cpu::Gelu(x.data() + b, e - b, tanh, y + b); });
+  return c.ForEachChunk(c.r.in("x").numel(),
+                        [&](int64_t b, int64_t e) { cpu::Gelu(x.data() + b, e - b, tanh, y + b); });
 }
 
 OpSpec ActivationOp(std::string name) {

@@ -1,6 +1,7 @@
 // Shared by the op families' OpSpecs (kernels/ops/<family>.cc): the list of
 // families that AllOpSpecs gathers, and the checks and shape helpers several
-// families use. Not for other layers: they read OpSpec fields.
+// families use (server validation shares the message helpers). Other code
+// reads OpSpec fields.
 #pragma once
 
 #include <cstdint>

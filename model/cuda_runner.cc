@@ -167,7 +167,7 @@ class CudaModelRunner final : public ModelRunner {
                        "query heads per kv head (model: head dim ",
                        c_.head_dim, ", ", c_.q_heads, "/", c_.kv_heads, ")"));
     }
-    flash_ok_ = AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
+    flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
 
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;

@@ -27,6 +27,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/op.h"
+#include "tests/gpu/poisoned_scratch.h"
 
 namespace fusedserve {
 namespace {
@@ -94,29 +95,6 @@ int64_t CountNonFinite(const Vec& v) {
 
 // ---- device runner ------------------------------------------------------------
 
-class TestScratch : public Scratch {
- public:
-  ~TestScratch() override {
-    if (ptr_) cudaFree(ptr_);
-  }
-  CudaStatus Get(size_t bytes, void** ptr) override {
-    if (bytes > size_) {
-      if (ptr_) cudaFree(ptr_);
-      ptr_ = nullptr;
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); !s.ok()) return s;
-      size_ = bytes;
-      // Poison scratch too: kernels must not read what they did not write.
-      cudaMemset(ptr_, 0xFF, bytes);
-    }
-    *ptr = ptr_;
-    return CudaStatus::Ok();
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
-
 // Runs `r` on device 0 with `config` (empty: defaults); returns outputs as fp32.
 std::map<std::string, Vec> RunOnGpu(const OpRequest& r, const std::string& config) {
   std::vector<void*> allocations;
@@ -140,7 +118,7 @@ std::map<std::string, Vec> RunOnGpu(const OpRequest& r, const std::string& confi
     allocations.push_back(t.data);
     out[name] = t;
   }
-  TestScratch scratch;
+  PoisonedScratch scratch;
   DispatchContext ctx;
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);

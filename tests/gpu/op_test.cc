@@ -32,6 +32,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/dispatch.h"
 #include "tests/gpu/op_cases.h"
+#include "tests/gpu/poisoned_scratch.h"
 #include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
@@ -85,31 +86,6 @@ class DeviceMem {
 
  private:
   std::vector<void*> ptrs_;
-};
-
-// Scratch poisoned when (re)allocated: kernels must not read what they did
-// not write.
-class PoisonedScratch : public Scratch {
- public:
-  ~PoisonedScratch() override {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  CudaStatus Get(size_t bytes, void** ptr) override {
-    if (bytes > size_) {
-      if (ptr_ != nullptr) cudaFree(ptr_);
-      ptr_ = nullptr;
-      size_ = 0;
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); !s.ok()) return s;
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMemset(ptr_, 0xFF, bytes)); !s.ok()) return s;
-      size_ = bytes;
-    }
-    *ptr = ptr_;
-    return CudaStatus::Ok();
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
 };
 
 size_t Bytes(const DeviceTensor& t) { return static_cast<size_t>(t.numel()) * DTypeSize(t.dtype); }

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -264,10 +265,9 @@ void Ceilings(PlainLt& lt) {
 
 // The dims of an op's model shape in tests/gpu/op_cases.h (the shapes the
 // GPU op test checks); the token dim (and decode's L) come from the caller.
-const std::vector<int64_t>& ModelKey(const std::string& op) {
-  static const std::vector<testing::OpCase> cases = testing::OpCases();
-  const testing::OpCase* c = testing::ModelCase(cases, op);
-  if (c == nullptr) {
+std::vector<int64_t> ModelKey(const std::string& op) {
+  const std::optional<testing::OpCase> c = testing::ModelCase(op);
+  if (!c) {
     std::fprintf(stderr, "no model shape for %s in tests/gpu/op_cases.h\n", op.c_str());
     std::exit(1);
   }
@@ -390,7 +390,7 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
 }
 
 void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
-  const std::vector<int64_t>& k = ModelKey("attention");
+  const std::vector<int64_t> k = ModelKey("attention");
   const int64_t Hq = k[1], Hkv = k[2], D = k[3], T = B * S;
   const size_t set = (2 * T * Hq * D + 2 * T * Hkv * D) * 2;
   const int copies = Copies(set);
@@ -445,7 +445,7 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
 }
 
 void Decode(int64_t B, int64_t L, double cudnn_us) {
-  const std::vector<int64_t>& k = ModelKey("attention_decode");
+  const std::vector<int64_t> k = ModelKey("attention_decode");
   const int64_t Hq = k[2], Hkv = k[3], D = k[4];
   const size_t kv = static_cast<size_t>(B) * L * Hkv * D * 2;
   const size_t set = 2 * kv + 2 * B * Hq * D * 2;

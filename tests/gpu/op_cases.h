@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,12 +108,12 @@ inline std::vector<OpCase> OpCases() {
   return c;
 }
 
-// The model shape of `op` (the first), or nullptr.
-inline const OpCase* ModelCase(const std::vector<OpCase>& cases, const std::string& op) {
-  for (const OpCase& c : cases) {
-    if (c.bench && c.op == op) return &c;
+// The model shape of `op` (the first), if the list has one.
+inline std::optional<OpCase> ModelCase(const std::string& op) {
+  for (OpCase& c : OpCases()) {
+    if (c.bench && c.op == op) return std::move(c);
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 }  // namespace fusedserve::testing

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -226,8 +227,8 @@ TEST_P(OpTest, EveryCaseDtypeAndConfigMatchesTheReference) {
 TEST_P(OpTest, MisalignedPointers) {
   const OpSpec* spec = FindOpSpec(GetParam());
   if (!spec->memory_bound) GTEST_SKIP() << "the GEMM and attention kernels require 16-byte alignment";
-  const testing::OpCase* model = testing::ModelCase(testing::OpCases(), spec->name);
-  ASSERT_NE(model, nullptr);
+  const std::optional<testing::OpCase> model = testing::ModelCase(spec->name);
+  ASSERT_TRUE(model.has_value()) << "no model shape for " << spec->name << " in tests/gpu/op_cases.h";
   std::vector<int64_t> key = model->key;
   key[0] = 5;
   for (DType dt : kDTypes) CheckOp(spec->name, dt, key, model->attrs, true);

@@ -36,9 +36,7 @@ CudaStatus RunGelu(const OpRequest& host, const DeviceTensorMap& in, const Devic
 
 template <cuda::ActKind kKind>
 std::vector<std::string> ActCandidates(DType dtype, const std::vector<int64_t>& key) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::ActCandidates(kKind, dtype, key[0], key[1])) out.push_back(cuda::FormatActConfig(c));
-  return out;
+  return FormatAll(cuda::ActCandidates(kKind, dtype, key[0], key[1]), cuda::FormatActConfig);
 }
 
 }  // namespace

@@ -64,15 +64,11 @@ CudaStatus RunAttentionDecode(const OpRequest& host, const DeviceTensorMap& in, 
 }
 
 std::vector<std::string> PrefillCandidates(DType dtype, const std::vector<int64_t>&) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::AttentionCandidates(dtype)) out.push_back(cuda::FormatAttentionConfig(c));
-  return out;
+  return FormatAll(cuda::AttentionCandidates(dtype), cuda::FormatAttentionConfig);
 }
 
 std::vector<std::string> DecodeCandidates(DType, const std::vector<int64_t>& key) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::DecodeCandidates(key[1])) out.push_back(cuda::FormatDecodeConfig(c));
-  return out;
+  return FormatAll(cuda::DecodeCandidates(key[1]), cuda::FormatDecodeConfig);
 }
 
 }  // namespace

@@ -90,6 +90,14 @@ CudaStatus RunCudaOp(const OpRequest& host, const DeviceTensorMap& in, const Dev
 // CUDA entry, nothing to tune, or the key has the wrong rank.
 std::vector<std::string> CudaCandidates(const std::string& op, DType dtype, const std::vector<int64_t>& key);
 
+// The config strings of a family's typed candidates (CudaOp::candidates).
+template <typename Config>
+std::vector<std::string> FormatAll(const std::vector<Config>& configs, std::string (*format)(const Config&)) {
+  std::vector<std::string> out;
+  for (const Config& c : configs) out.push_back(format(c));
+  return out;
+}
+
 // The tuned config string of a request ("" when there is none).
 std::string ConfigOf(const DispatchContext& ctx, const OpRequest& host, DType dtype);
 // The device tensor `name` of `m`, or nullptr.

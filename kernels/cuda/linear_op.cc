@@ -60,11 +60,7 @@ CudaStatus RunLinear(const OpRequest& host, const DeviceTensorMap& in, const Dev
 }
 
 std::vector<std::string> LinearCandidates(DType dtype, const std::vector<int64_t>& key) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::LinearCandidates(dtype, key[0], key[1], key[2])) {
-    out.push_back(cuda::FormatLinearConfig(c));
-  }
-  return out;
+  return FormatAll(cuda::LinearCandidates(dtype, key[0], key[1], key[2]), cuda::FormatLinearConfig);
 }
 
 }  // namespace

@@ -39,9 +39,7 @@ CudaStatus RunNorm(const OpRequest& host, const DeviceTensorMap& in, const Devic
 }
 
 std::vector<std::string> NormCandidates(DType dtype, const std::vector<int64_t>& key) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::NormCandidates(dtype, key[0], key[1])) out.push_back(cuda::FormatNormConfig(c));
-  return out;
+  return FormatAll(cuda::NormCandidates(dtype, key[0], key[1]), cuda::FormatNormConfig);
 }
 
 }  // namespace

@@ -34,10 +34,7 @@ CudaStatus RunRope(const OpRequest& host, const DeviceTensorMap& in, const Devic
 }
 
 std::vector<std::string> RopeCandidates(DType dtype, const std::vector<int64_t>& key) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::RopeCandidates(dtype, key[0], key[1], key[2], key[3]))
-    out.push_back(cuda::FormatRopeConfig(c));
-  return out;
+  return FormatAll(cuda::RopeCandidates(dtype, key[0], key[1], key[2], key[3]), cuda::FormatRopeConfig);
 }
 
 }  // namespace

@@ -23,9 +23,7 @@ CudaStatus RunSoftmax(const OpRequest& host, const DeviceTensorMap& in, const De
 }
 
 std::vector<std::string> SoftmaxCandidates(DType dtype, const std::vector<int64_t>& key) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::SoftmaxCandidates(dtype, key[0], key[1])) out.push_back(cuda::FormatSoftmaxConfig(c));
-  return out;
+  return FormatAll(cuda::SoftmaxCandidates(dtype, key[0], key[1]), cuda::FormatSoftmaxConfig);
 }
 
 }  // namespace

@@ -87,11 +87,7 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
 }
 
 std::vector<std::string> SwigluMlpCandidates(DType dtype, const std::vector<int64_t>& key) {
-  std::vector<std::string> out;
-  for (const auto& c : cuda::SwigluMlpCandidates(dtype, key[0], key[1], key[2])) {
-    out.push_back(cuda::FormatSwigluMlpConfig(c));
-  }
-  return out;
+  return FormatAll(cuda::SwigluMlpCandidates(dtype, key[0], key[1], key[2]), cuda::FormatSwigluMlpConfig);
 }
 
 }  // namespace

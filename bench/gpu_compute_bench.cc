@@ -10,6 +10,7 @@
 //          K/V rows within the lengths, o; swiglu M=1: the weights alone).
 // Times are medians of per-launch event timings, after warm-up; input sets
 // are rotated until one pass touches >= 256 MB so L2 does not flatter.
+// Shapes: the model shapes of tests/gpu/op_cases.h (Llama-3-8B's dims).
 // Usage: gpu_compute_bench [out.json]
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -21,12 +22,14 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/bench_common.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/op.h"
+#include "tests/gpu/op_cases.h"
 
 namespace fusedserve {
 namespace {
@@ -202,7 +205,7 @@ void RunOp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorM
     ctx.config = [config](const std::string&, DType, const std::vector<int64_t>&) { return config; };
   }
   bool handled = false;
-  const CudaStatus s = RunComputeOp(host, in, out, ctx, &handled);
+  const CudaStatus s = RunCudaOp(host, in, out, ctx, &handled);
   if (!handled || !s.ok()) {
     std::fprintf(stderr, "%s [%s] failed: %s\n", host.op.c_str(), config.c_str(), s.message.c_str());
     std::exit(1);
@@ -260,8 +263,19 @@ void Ceilings(PlainLt& lt) {
   FreeAll();
 }
 
+// The dims of an op's model shape in tests/gpu/op_cases.h (the shapes the
+// GPU op test checks); the token dim (and decode's L) come from the caller.
+std::vector<int64_t> ModelKey(const std::string& op) {
+  const std::optional<testing::OpCase> c = testing::ModelCase(op);
+  if (!c) {
+    std::fprintf(stderr, "no model shape for %s in tests/gpu/op_cases.h\n", op.c_str());
+    std::exit(1);
+  }
+  return c->key;
+}
+
 void LinearGelu(PlainLt& lt, int64_t M, double peer_us) {
-  const int64_t N = 14336, K = 4096;
+  const int64_t N = ModelKey("linear")[1], K = ModelKey("linear")[2];
   const size_t set = (M * K + N * K + N + M * N) * 2;
   const int copies = Copies(set);
   std::vector<void*> xs, ws, bs, ys;
@@ -273,6 +287,7 @@ void LinearGelu(PlainLt& lt, int64_t M, double peer_us) {
   }
   OpRequest host;
   host.op = "linear";
+  host.spec = FindOpSpec(host.op);
   host.inputs = {{"x", Shape({M, K})}, {"weight", Shape({N, K})}, {"bias", Shape({N})}};
   host.attrs = {{"activation", std::string("gelu_tanh")}};
   auto op = [&](const std::string& cfg) {
@@ -282,7 +297,7 @@ void LinearGelu(PlainLt& lt, int64_t M, double peer_us) {
             {{"y", Dev({M, N}, ys[c])}}, cfg);
     };
   };
-  const std::vector<std::string> cands = ComputeCandidates("linear", DType::kBF16, {M, N, K});
+  const std::vector<std::string> cands = CudaCandidates("linear", DType::kBF16, {M, N, K});
   std::vector<std::function<void(int)>> fns = {[&](int i) {
                                                  const int c = i % copies;
                                                  lt.Gemm(M, N, K, xs[c], ws[c], bs[c], ys[c],
@@ -315,7 +330,7 @@ void LinearGelu(PlainLt& lt, int64_t M, double peer_us) {
 }
 
 void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
-  const int64_t D = 4096, I = 14336;
+  const int64_t D = ModelKey("swiglu_mlp")[1], I = ModelKey("swiglu_mlp")[2];
   const size_t wbytes = (2 * I * D + D * I) * 2;
   const size_t set = wbytes + (M * D * 2) * 2;
   const int copies = Copies(set);
@@ -330,6 +345,7 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
   void* h = Alloc(M * I * 2);
   OpRequest host;
   host.op = "swiglu_mlp";
+  host.spec = FindOpSpec(host.op);
   host.inputs = {{"x", Shape({M, D})}, {"gate_up", Shape({2 * I, D})}, {"down", Shape({D, I})}};
   auto op = [&](const std::string& cfg) {
     return [&, cfg](int i) {
@@ -339,7 +355,7 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
     };
   };
   // The ceiling for this op: its two plain GEMMs alone, back to back.
-  const std::vector<std::string> cands = ComputeCandidates("swiglu_mlp", DType::kBF16, {M, D, I});
+  const std::vector<std::string> cands = CudaCandidates("swiglu_mlp", DType::kBF16, {M, D, I});
   std::vector<std::function<void(int)>> fns = {
       [&](int i) {
         const int c = i % copies;
@@ -374,7 +390,8 @@ void SwigluMlp(PlainLt& lt, int64_t M, double peer_us) {
 }
 
 void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
-  const int64_t Hq = 32, Hkv = 8, D = 128, T = B * S;
+  const std::vector<int64_t> k = ModelKey("attention");
+  const int64_t Hq = k[1], Hkv = k[2], D = k[3], T = B * S;
   const size_t set = (2 * T * Hq * D + 2 * T * Hkv * D) * 2;
   const int copies = Copies(set);
   std::vector<void*> qs, ks, vs, os;
@@ -390,6 +407,7 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
   BENCH_CHECK(cudaMemcpy(dlens, lens32.data(), B * 4, cudaMemcpyHostToDevice));
   OpRequest host;
   host.op = "attention";
+  host.spec = FindOpSpec(host.op);
   host.inputs = {{"q", Shape({T, Hq, D})},
                  {"k", Shape({T, Hkv, D})},
                  {"v", Shape({T, Hkv, D})},
@@ -409,7 +427,7 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
   const double flops = 2.0 * B * Hq * S * S * D;
   const std::string shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " Hq=32 Hkv=8 D=128";
   auto tf = [&](double us) { return flops / (us * 1e-6) / 1e12; };
-  const std::vector<std::string> cands = ComputeCandidates("attention", DType::kBF16, {T, Hq, Hkv, D});
+  const std::vector<std::string> cands = CudaCandidates("attention", DType::kBF16, {T, Hq, Hkv, D});
   std::vector<std::function<void(int)>> fns = {op("")};
   for (const std::string& cfg : cands) fns.push_back(op(cfg));
   const std::vector<double> t = TimeUs(fns, S >= 8192 ? 10 : kIters);
@@ -427,7 +445,8 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
 }
 
 void Decode(int64_t B, int64_t L, double cudnn_us) {
-  const int64_t Hq = 32, Hkv = 8, D = 128;
+  const std::vector<int64_t> k = ModelKey("attention_decode");
+  const int64_t Hq = k[2], Hkv = k[3], D = k[4];
   const size_t kv = static_cast<size_t>(B) * L * Hkv * D * 2;
   const size_t set = 2 * kv + 2 * B * Hq * D * 2;
   const int copies = Copies(set);
@@ -444,6 +463,7 @@ void Decode(int64_t B, int64_t L, double cudnn_us) {
   BENCH_CHECK(cudaMemcpy(dlens, lens32.data(), B * 4, cudaMemcpyHostToDevice));
   OpRequest host;
   host.op = "attention_decode";
+  host.spec = FindOpSpec(host.op);
   host.inputs = {{"q", Shape({B, Hq, D})},
                  {"k_cache", Shape({B, L, Hkv, D})},
                  {"v_cache", Shape({B, L, Hkv, D})},
@@ -463,7 +483,7 @@ void Decode(int64_t B, int64_t L, double cudnn_us) {
   const double bytes = static_cast<double>(set);
   const std::string shape = "B=" + std::to_string(B) + " L=" + std::to_string(L) + " Hq=32 Hkv=8 D=128";
   auto gbs = [&](double us) { return bytes / (us * 1e-6) / 1e9; };
-  const std::vector<std::string> cands = ComputeCandidates("attention_decode", DType::kBF16, {B, L, Hq, Hkv, D});
+  const std::vector<std::string> cands = CudaCandidates("attention_decode", DType::kBF16, {B, L, Hq, Hkv, D});
   std::vector<std::function<void(int)>> fns = {op("")};
   for (const std::string& cfg : cands) fns.push_back(op(cfg));
   const std::vector<double> t = TimeUs(fns);

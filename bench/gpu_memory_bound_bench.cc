@@ -9,7 +9,8 @@
 //
 // Method: the ceiling is cudaMemcpyAsync device-to-device over
 // 1 GiB, counting bytes read + written. Each op call goes through
-// RunMemoryBoundOp, the production path. Inputs and outputs rotate over
+// RunCudaOp, the production path. Shapes: the model shapes of
+// tests/gpu/op_cases.h. Inputs and outputs rotate over
 // enough copies to span 5x the L2, M = 1 included (so every call reads cold
 // data; the peers' M <= 32 rows were L2-resident); a CUDA graph of K
 // back-to-back calls (K >= the number of copies) is replayed, each replay
@@ -38,6 +39,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/op.h"
+#include "tests/gpu/op_cases.h"
 
 namespace fusedserve {
 namespace {
@@ -78,55 +80,36 @@ struct Case {
   Attrs attrs;
 };
 
+// The memory-bound model shapes of tests/gpu/op_cases.h at each M.
 std::vector<Case> Cases(bool quick) {
   std::vector<Case> out;
   std::vector<int64_t> ms = {1, 32, 512, 4096, 16384};
   if (quick) ms = {1, 512, 16384};
-  const Attrs tanh = {{"approximate", std::string("tanh")}};
-  const Attrs erf = {{"approximate", std::string("none")}};
-  for (int64_t m : ms) {
-    out.push_back({"rms_norm H=4096", "rms_norm", {m, 4096}, {}});
-    out.push_back({"rms_norm H=8192", "rms_norm", {m, 8192}, {}});
-    out.push_back({"add_rms_norm H=4096", "add_rms_norm", {m, 4096}, {}});
-    out.push_back({"add_rms_norm_silu H=4096", "add_rms_norm_silu", {m, 4096}, {}});
-    out.push_back({"layer_norm H=4096", "layer_norm", {m, 4096}, {}});
-    out.push_back({"softmax N=32000", "softmax", {m, 32000}, {}});
-    out.push_back({"softmax N=128256", "softmax", {m, 128256}, {}});
-    out.push_back({"silu_and_mul I=14336", "silu_and_mul", {m, 14336}, {}});
-    out.push_back({"gelu_tanh H=14336", "gelu", {m, 14336}, tanh});
-    out.push_back({"gelu_erf H=14336", "gelu", {m, 14336}, erf});
-    out.push_back({"rope 32x8x128", "rope", {m, 32, 8, 128}, {}});
+  for (const testing::OpCase& c : testing::OpCases()) {
+    if (!c.bench || !FindOpSpec(c.op)->memory_bound) continue;
+    for (int64_t m : ms) {
+      std::vector<int64_t> key = c.key;
+      key[0] = m;
+      out.push_back({c.label, c.op, key, c.attrs});
+    }
   }
   std::stable_sort(out.begin(), out.end(), [](const Case& a, const Case& b) { return a.label < b.label; });
   return out;
 }
 
-// A request carrying shapes only (no data): enough for OutputShapes,
-// TuningKey and the dispatcher's attributes.
+// A bf16 request carrying shapes only (no data), as the op describes its
+// inputs for the key: enough for OutputShapes, TuningKey and the dispatch.
 OpRequest ShapeRequest(const Case& c) {
   OpRequest r;
   r.op = c.op;
-  for (const AttrSpec& a : FindOpSpec(c.op)->attrs) r.attrs[a.name] = a.default_value;
+  r.spec = FindOpSpec(c.op);
+  for (const AttrSpec& a : r.spec->attrs) r.attrs[a.name] = a.default_value;
   for (const auto& [k, v] : c.attrs) r.attrs[k] = v;
-  auto t = [](DType dt, std::vector<int64_t> shape) {
+  for (const InputDesc& in : r.spec->inputs_for_key(c.key)) {
     HostTensor h;
-    h.dtype = dt;
-    h.shape = std::move(shape);
-    return h;
-  };
-  const DType bf = DType::kBF16;
-  const auto& k = c.key;
-  if (c.op == "rope") {
-    r.inputs["q"] = t(bf, {k[0], k[1], k[3]});
-    r.inputs["k"] = t(bf, {k[0], k[2], k[3]});
-    r.inputs["positions"] = t(DType::kI32, {k[0]});
-  } else if (c.op == "silu_and_mul") {
-    r.inputs["x"] = t(bf, {k[0], 2 * k[1]});
-  } else {
-    r.inputs["x"] = t(bf, {k[0], k[1]});
-    if (c.op != "softmax" && c.op != "gelu") r.inputs["weight"] = t(bf, {k[1]});
-    if (c.op == "add_rms_norm" || c.op == "add_rms_norm_silu") r.inputs["residual"] = t(bf, {k[0], k[1]});
-    if (c.op == "layer_norm") r.inputs["bias"] = t(bf, {k[1]});
+    h.dtype = r.spec->is_index(in.name) ? DType::kI32 : DType::kBF16;
+    h.shape = in.shape;
+    r.inputs[in.name] = std::move(h);
   }
   return r;
 }
@@ -182,7 +165,7 @@ ConfigResult TimeConfig(const OpRequest& r, const std::vector<DeviceTensorMap>& 
   const size_t sets = ins.size();
   auto call = [&](size_t i) -> bool {
     bool handled = false;
-    const CudaStatus s = RunMemoryBoundOp(r, ins[i % sets], outs[i % sets], ctx, &handled);
+    const CudaStatus s = RunCudaOp(r, ins[i % sets], outs[i % sets], ctx, &handled);
     if (!handled || !s.ok()) {
       res.error = handled ? s.message : "not handled";
       return false;
@@ -288,7 +271,6 @@ int main(int argc, char** argv) {
   for (const Case& c : Cases(quick)) {
     if (c.key[0] > max_m) continue;
     const OpRequest r = ShapeRequest(c);
-    const OpSpec* spec = FindOpSpec(c.op);
     // Bytes per call and per rotation set.
     int64_t bytes = 0;
     for (const auto& [name, t] : r.inputs) bytes += Numel(t.shape) * DTypeSize(t.dtype);
@@ -318,12 +300,10 @@ int main(int argc, char** argv) {
       for (size_t s = 0; s < sets; ++s) maps[s][name] = DeviceTensor{dt, shape, base + stride * s};
     };
     for (const auto& [name, t] : r.inputs) {
-      const bool index =
-          std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) != spec->index_inputs.end();
-      pool(name, index ? DType::kI32 : t.dtype, t.shape, true, ins);
+      pool(name, t.dtype, t.shape, true, ins);
     }
     for (const auto& [name, shape] : out_shapes) pool(name, DType::kBF16, shape, false, outs);
-    std::vector<std::string> configs = MemoryBoundCandidates(c.op, DType::kBF16, TuningKey(r));
+    std::vector<std::string> configs = CudaCandidates(c.op, DType::kBF16, TuningKey(r));
     std::vector<ConfigResult> results;
     ConfigResult best;
     for (const std::string& cfg : configs) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the memory-bound GPU tests, then the benchmark, on a GPU host from a
-# bundle (README: GPU tests and benchmarks):
+# Runs the generic GPU op test (every op), then the memory-bound benchmark,
+# on a GPU host from a bundle (README: GPU tests and benchmarks):
 #   bench/run_memory_bound.sh BUNDLE_DIR OUT_DIR [--quick] [--no-test]
 # Writes OUT_DIR/test.log, bench.log, bench.json and gpu.txt (the card's
 # clocks and temperature at the start); prints the test summary and the table.
@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,p
 cat "$out/gpu.txt"
 status=0
 if [ $run_test = 1 ]; then
-  "$bundle/env.sh" "$bundle/bin/memory_bound_test" >"$out/test.log" 2>&1 || status=1
+  "$bundle/env.sh" "$bundle/bin/op_test" >"$out/test.log" 2>&1 || status=1
   grep -E '^\[ *(OK|FAILED|PASSED|SKIPPED|checked|seed) ' "$out/test.log" | head -40
   grep -E 'Failure|Expected|Which is|error:' "$out/test.log" | head -30
 fi

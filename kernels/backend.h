@@ -31,7 +31,7 @@ class Backend {
 };
 
 // Output names and shapes of a validated request (same for every backend).
-std::vector<std::pair<std::string, std::vector<int64_t>>> OutputShapes(const OpRequest& request);
+OutputShapeList OutputShapes(const OpRequest& request);
 
 // The float dtype of a validated request (all its float inputs share it).
 DType RequestDType(const OpRequest& request);

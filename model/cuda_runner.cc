@@ -167,7 +167,7 @@ class CudaModelRunner final : public ModelRunner {
                        "query heads per kv head (model: head dim ",
                        c_.head_dim, ", ", c_.q_heads, "/", c_.kv_heads, ")"));
     }
-    flash_ok_ = AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
+    flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
 
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
@@ -709,7 +709,7 @@ class CudaModelRunner final : public ModelRunner {
     const int Dh = static_cast<int>(c_.head_dim);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_dim)));
     if (st.use_flash) {
-      AttentionArgs a;
+      cuda::AttentionParams a;
       a.dtype = dt_;
       a.q = q_.get();
       a.k = k_.get();
@@ -724,8 +724,9 @@ class CudaModelRunner final : public ModelRunner {
       a.D = Dh;
       a.causal = true;
       a.scale = scale;
-      if (absl::Status status = CudaToAbsl(LaunchAttentionPrefill(a, DefaultPrefillBlockM(a, sm_count_), 4, stream_),
-                                           "attention prefill");
+      if (absl::Status status =
+              CudaToAbsl(cuda::LaunchAttentionPrefill(a, cuda::DefaultAttentionConfig(a, sm_count_), stream_),
+                         "attention prefill");
           !status.ok())
         return status;
       if (st.block_layers) return absl::OkStatus();

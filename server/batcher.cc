@@ -19,36 +19,8 @@
 namespace fusedserve {
 namespace {
 
-// How an op's inputs line up with rows.
-struct RowLayout {
-  // View every concatenated input as [numel / last, last] (row-wise ops, whose
-  // result does not depend on the leading dims' structure).
-  bool flatten = false;
-  // Inputs concatenated along dim 0 (the rest must be byte-identical).
-  std::vector<std::string> concat;
-  // The input whose dim 0 (or flattened rows) counts toward max_rows.
-  std::string primary;
-};
-
-const RowLayout* LayoutOf(const std::string& op) {
-  static const std::map<std::string, RowLayout>* layouts = new std::map<std::string, RowLayout>{
-      {"rms_norm", {true, {"x"}, "x"}},
-      {"add_rms_norm", {true, {"x", "residual"}, "x"}},
-      {"add_rms_norm_silu", {true, {"x", "residual"}, "x"}},
-      {"layer_norm", {true, {"x"}, "x"}},
-      {"softmax", {true, {"x"}, "x"}},
-      {"silu_and_mul", {true, {"x"}, "x"}},
-      {"gelu", {true, {"x"}, "x"}},
-      {"rope", {false, {"q", "k", "positions"}, "q"}},
-      {"linear", {false, {"x"}, "x"}},
-      {"swiglu_mlp", {false, {"x"}, "x"}},
-      // Sequences are independent given seq_lens, so packing more of them is exact.
-      {"attention", {false, {"q", "k", "v", "seq_lens"}, "q"}},
-      {"attention_decode", {false, {"q", "k_cache", "v_cache", "lengths"}, "q"}},
-  };
-  auto it = layouts->find(op);
-  return it == layouts->end() ? nullptr : &it->second;
-}
+// The op's batch layout (OpSpec::layout), or nullptr when it is unknown.
+const RowLayout* LayoutOf(const OpRequest& r) { return r.spec == nullptr ? nullptr : &r.spec->layout; }
 
 bool IsConcat(const RowLayout& l, const std::string& name) {
   return std::find(l.concat.begin(), l.concat.end(), name) != l.concat.end();
@@ -89,7 +61,7 @@ absl::Status Invalid(const std::string& msg) { return absl::InvalidArgumentError
 }  // namespace
 
 std::optional<BatchShape> BatchShapeOf(const OpRequest& r) {
-  const RowLayout* l = LayoutOf(r.op);
+  const RowLayout* l = LayoutOf(r);
   if (l == nullptr || !r.has(l->primary)) return std::nullopt;
   BatchShape out;
   out.rows = RowsOf(*l, r.in(l->primary));
@@ -115,8 +87,8 @@ std::optional<BatchShape> BatchShapeOf(const OpRequest& r) {
 }
 
 bool SameNonRowInputs(const OpRequest& a, const OpRequest& b) {
-  const RowLayout* l = LayoutOf(a.op);
-  if (l == nullptr || a.op != b.op || a.inputs.size() != b.inputs.size()) return false;
+  const RowLayout* l = LayoutOf(a);
+  if (l == nullptr || a.spec != b.spec || a.inputs.size() != b.inputs.size()) return false;
   for (const auto& [name, t] : a.inputs) {
     if (IsConcat(*l, name)) continue;
     auto it = b.inputs.find(name);
@@ -130,7 +102,7 @@ bool SameNonRowInputs(const OpRequest& a, const OpRequest& b) {
 
 OutputLayout OutputLayoutOf(const OpRequest& r) {
   OutputLayout out;
-  const RowLayout* l = LayoutOf(r.op);
+  const RowLayout* l = LayoutOf(r);
   out.rows = l == nullptr ? 0 : RowsOf(*l, r.in(l->primary));
   out.shapes = OutputShapes(r);
   return out;
@@ -138,9 +110,10 @@ OutputLayout OutputLayoutOf(const OpRequest& r) {
 
 OpRequest MergeRequests(const std::vector<OpRequest*>& parts) {
   OpRequest& first = *parts.front();
-  const RowLayout& l = *LayoutOf(first.op);
+  const RowLayout& l = first.spec->layout;
   OpRequest m;
   m.op = first.op;
+  m.spec = first.spec;
   m.attrs = first.attrs;
   for (auto& [name, t] : first.inputs) {
     if (!IsConcat(l, name)) {
@@ -166,7 +139,7 @@ OpRequest MergeRequests(const std::vector<OpRequest*>& parts) {
 }
 
 void RestoreNonRowInputs(OpRequest& merged, OpRequest& first) {
-  const RowLayout& l = *LayoutOf(first.op);
+  const RowLayout& l = first.spec->layout;
   for (auto& [name, t] : merged.inputs) {
     if (!IsConcat(l, name)) first.inputs[name] = std::move(t);
   }
@@ -232,7 +205,7 @@ absl::StatusOr<std::map<std::string, BatchPolicy>> ParseBatchOverrides(const std
   for (absl::string_view entry : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     std::vector<absl::string_view> fields = absl::StrSplit(entry, ':');
     const std::string op(fields[0]);
-    if (LayoutOf(op) == nullptr) return Invalid("unknown op '" + op + "'");
+    if (FindOpSpec(op) == nullptr) return Invalid("unknown op '" + op + "'");
     BatchPolicy p = out.count(op) ? out[op] : base;
     for (size_t i = 1; i < fields.size(); ++i) {
       std::pair<std::string, std::string> kv = absl::StrSplit(fields[i], absl::MaxSplits('=', 1));
@@ -585,7 +558,7 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> MakeBatcher(Backend* backend, Metri
   if (options.parallel_launches < 1) return absl::InvalidArgumentError("parallel launches must be >= 1");
   if (absl::Status s = check("batching defaults", options.defaults); !s.ok()) return s;
   for (const auto& [op, p] : options.per_op) {
-    if (LayoutOf(op) == nullptr) return absl::InvalidArgumentError("batch override for unknown op '" + op + "'");
+    if (FindOpSpec(op) == nullptr) return absl::InvalidArgumentError("batch override for unknown op '" + op + "'");
     if (absl::Status s = check(op, p); !s.ok()) return s;
   }
   return std::unique_ptr<OpScheduler>(new Batcher(backend, metrics, options));

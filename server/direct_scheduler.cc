@@ -59,15 +59,8 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
 }
 
 bool RunsInline(const OpRequest& request, int64_t max_bytes) {
-  static const char* const kRowWise[] = {
-      "rms_norm", "add_rms_norm", "add_rms_norm_silu", "layer_norm", "softmax", "silu_and_mul", "gelu", "rope"};
-  if (max_bytes <= 0) return false;
-  bool row_wise = false;
-  for (const char* op : kRowWise) row_wise = row_wise || request.op == op;
-  if (!row_wise) return false;
-  int64_t bytes = 0;
-  for (const auto& [name, t] : request.inputs) bytes += static_cast<int64_t>(t.data.size());
-  return bytes <= max_bytes;
+  if (max_bytes <= 0 || request.spec == nullptr || !request.spec->memory_bound) return false;
+  return QueuedBytes(request) <= max_bytes;
 }
 
 namespace {

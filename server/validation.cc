@@ -9,13 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kernels/ops/ops.h"
 
 namespace fusedserve {
 namespace {
 
-absl::Status Invalid(const std::string& msg) { return absl::InvalidArgumentError(msg); }
-
-std::string ShapeStr(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+using ops::Invalid;
+using ops::ShapeStr;
 
 }  // namespace
 
@@ -136,118 +136,6 @@ v1::FusedOpRequest OpRequestToProto(const OpRequest& r) {
 
 namespace {
 
-// Checks that `t` has rank `rank` and, where expect[i] >= 0, dim i == expect[i].
-absl::Status CheckShape(const OpRequest& r, const std::string& name, std::vector<int64_t> expect) {
-  const HostTensor& t = r.in(name);
-  bool ok = t.rank() == static_cast<int>(expect.size());
-  for (size_t i = 0; ok && i < expect.size(); ++i) ok = expect[i] < 0 || expect[i] == t.shape[i];
-  if (ok) return absl::OkStatus();
-  std::vector<std::string> parts;
-  for (int64_t e : expect) parts.push_back(e < 0 ? "*" : absl::StrCat(e));
-  return Invalid(absl::StrCat(r.op, ": input '", name, "' has shape ", ShapeStr(t.shape), ", expected [",
-                              absl::StrJoin(parts, ","), "]"));
-}
-
-absl::Status CheckRankAtLeast(const OpRequest& r, const std::string& name, int rank) {
-  const HostTensor& t = r.in(name);
-  if (t.rank() >= rank) return absl::OkStatus();
-  return Invalid(absl::StrCat(r.op, ": input '", name, "' has rank ", t.rank(), ", expected at least ", rank));
-}
-
-absl::Status CheckIndexValues(const OpRequest& r, const std::string& name, int64_t lo, int64_t hi) {
-  for (int64_t v : r.in(name).ToInt64()) {
-    if (v < lo || v > hi) {
-      return Invalid(
-          absl::StrCat(r.op, ": input '", name, "' has value ", v, ", expected within [", lo, ", ", hi, "]"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckShapes(OpRequest& r) {
-  const std::string& op = r.op;
-  if (op == "rms_norm" || op == "add_rms_norm" || op == "add_rms_norm_silu" || op == "layer_norm") {
-    if (auto s = CheckRankAtLeast(r, "x", 1); !s.ok()) return s;
-    const int64_t H = r.in("x").dim(-1);
-    if (auto s = CheckShape(r, "weight", {H}); !s.ok()) return s;
-    if (r.has("residual") && r.in("residual").shape != r.in("x").shape) {
-      return Invalid(absl::StrCat(op, ": input 'residual' has shape ", ShapeStr(r.in("residual").shape),
-                                  ", expected the shape of 'x' ", ShapeStr(r.in("x").shape)));
-    }
-    if (r.has("bias")) return CheckShape(r, "bias", {H});
-    return absl::OkStatus();
-  }
-  if (op == "softmax" || op == "gelu") return CheckRankAtLeast(r, "x", 1);
-  if (op == "silu_and_mul") {
-    if (auto s = CheckRankAtLeast(r, "x", 1); !s.ok()) return s;
-    if (r.in("x").dim(-1) % 2 != 0) {
-      return Invalid(
-          absl::StrCat(op, ": input 'x' last dimension is ", r.in("x").dim(-1), ", expected an even number (2*I)"));
-    }
-    return absl::OkStatus();
-  }
-  if (op == "rope") {
-    if (auto s = CheckRankAtLeast(r, "q", 3); !s.ok()) return s;
-    const HostTensor& q = r.in("q");
-    if (auto s = CheckShape(r, "q", {-1, -1, -1}); !s.ok()) return s;
-    const int64_t T = q.dim(0), D = q.dim(2);
-    if (D % 2 != 0) return Invalid(absl::StrCat(op, ": head dim of 'q' is ", D, ", expected an even number"));
-    if (auto s = CheckShape(r, "k", {T, -1, D}); !s.ok()) return s;
-    if (auto s = CheckShape(r, "positions", {T}); !s.ok()) return s;
-    return CheckIndexValues(r, "positions", 0, std::numeric_limits<int32_t>::max());
-  }
-  if (op == "linear") {
-    if (auto s = CheckShape(r, "x", {-1, -1}); !s.ok()) return s;
-    const int64_t K = r.in("x").dim(1);
-    if (auto s = CheckShape(r, "weight", {-1, K}); !s.ok()) return s;
-    if (r.has("bias")) return CheckShape(r, "bias", {r.in("weight").dim(0)});
-    return absl::OkStatus();
-  }
-  if (op == "swiglu_mlp") {
-    if (auto s = CheckShape(r, "x", {-1, -1}); !s.ok()) return s;
-    const int64_t D = r.in("x").dim(1);
-    if (auto s = CheckShape(r, "gate_up", {-1, D}); !s.ok()) return s;
-    if (r.in("gate_up").dim(0) % 2 != 0) {
-      return Invalid(absl::StrCat(op, ": input 'gate_up' has ", r.in("gate_up").dim(0),
-                                  " rows, expected an even number (2*I: gate rows then up rows)"));
-    }
-    return CheckShape(r, "down", {D, r.in("gate_up").dim(0) / 2});
-  }
-  if (op == "attention" || op == "attention_decode") {
-    const bool decode = op == "attention_decode";
-    if (auto s = CheckShape(r, "q", {-1, -1, -1}); !s.ok()) return s;
-    const HostTensor& q = r.in("q");
-    const int64_t rows = q.dim(0), Hq = q.dim(1), D = q.dim(2);
-    const std::string kn = decode ? "k_cache" : "k", vn = decode ? "v_cache" : "v";
-    if (decode) {
-      if (auto s = CheckShape(r, kn, {rows, -1, -1, D}); !s.ok()) return s;
-    } else {
-      if (auto s = CheckShape(r, kn, {rows, -1, D}); !s.ok()) return s;
-    }
-    if (r.in(vn).shape != r.in(kn).shape) {
-      return Invalid(absl::StrCat(op, ": input '", vn, "' has shape ", ShapeStr(r.in(vn).shape),
-                                  ", expected the shape of '", kn, "' ", ShapeStr(r.in(kn).shape)));
-    }
-    const int64_t Hkv = r.in(kn).dim(-2);
-    if (Hq % Hkv != 0) {
-      return Invalid(absl::StrCat(op, ": q heads (", Hq, ") must be a multiple of kv heads (", Hkv, ")"));
-    }
-    if (decode) {
-      if (auto s = CheckShape(r, "lengths", {rows}); !s.ok()) return s;
-      return CheckIndexValues(r, "lengths", 1, r.in(kn).dim(1));
-    }
-    if (auto s = CheckShape(r, "seq_lens", {-1}); !s.ok()) return s;
-    if (auto s = CheckIndexValues(r, "seq_lens", 1, rows); !s.ok()) return s;
-    int64_t total = 0;
-    for (int64_t v : r.in("seq_lens").ToInt64()) total += v;
-    if (total != rows) {
-      return Invalid(absl::StrCat(op, ": input 'seq_lens' sums to ", total, ", expected T = ", rows, " (rows of 'q')"));
-    }
-    return absl::OkStatus();
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckInputName(const OpSpec& spec, const std::string& name) {
   auto listed = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), name) != v.end(); };
   if (listed(spec.inputs) || listed(spec.optional_inputs)) return absl::OkStatus();
@@ -293,42 +181,24 @@ absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
       }
     }
   }
-  // Range checks.
-  if (r.attrs.count("eps")) {
-    const double eps = r.f("eps");
-    if (!(eps > 0) || !std::isfinite(eps) || eps > 1) {
-      return Invalid(absl::StrCat(r.op, ": attribute 'eps' is ", eps, ", expected 0 < eps <= 1"));
-    }
-  }
-  if (r.attrs.count("theta")) {
-    const double theta = r.f("theta");
-    if (!(theta > 0) || !std::isfinite(theta)) {
-      return Invalid(absl::StrCat(r.op, ": attribute 'theta' is ", theta, ", expected a finite value > 0"));
-    }
-  }
-  if (r.attrs.count("scale")) {
-    const double scale = r.f("scale");
-    if (!(scale >= 0) || !std::isfinite(scale)) {
-      return Invalid(absl::StrCat(r.op, ": attribute 'scale' is ", scale, ", expected a finite value > 0"));
-    }
-    r.attrs["scale"] = AttentionScale(r);  // the default (0) made explicit
-  }
+  // Ranges, then the defaults that depend on shapes made explicit.
+  if (auto s = spec.check_attrs(r); !s.ok()) return s;
+  if (spec.resolve_attrs) spec.resolve_attrs(r);
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::Status ValidateOpRequest(OpRequest& r) {
-  const OpSpec* spec = FindOpSpec(r.op);
+  // Resolved once (Validate did it, unless a caller changed the op since).
+  if (r.spec == nullptr || r.spec->name != r.op) r.spec = FindOpSpec(r.op);
+  const OpSpec* spec = r.spec;
   if (spec == nullptr) {
     std::vector<std::string> names;
     for (const OpSpec& s : AllOpSpecs()) names.push_back(s.name);
     return Invalid(
         absl::StrCat("unknown op '", ClientText(r.op), "' (expected one of: ", absl::StrJoin(names, ", "), ")"));
   }
-  auto listed = [](const std::vector<std::string>& v, const std::string& n) {
-    return std::find(v.begin(), v.end(), n) != v.end();
-  };
   for (const std::string& name : spec->inputs) {
     if (!r.has(name)) return Invalid(absl::StrCat(r.op, ": missing input '", name, "'"));
   }
@@ -336,7 +206,7 @@ absl::Status ValidateOpRequest(OpRequest& r) {
   std::string first_float;
   for (const auto& [name, t] : r.inputs) {
     if (auto s = CheckInputName(*spec, name); !s.ok()) return s;
-    if (listed(spec->index_inputs, name)) {
+    if (spec->is_index(name)) {
       if (t.dtype != DType::kI32 && t.dtype != DType::kI64) {
         return Invalid(
             absl::StrCat(r.op, ": input '", name, "' has dtype ", DTypeName(t.dtype), ", expected I32 or I64"));
@@ -352,7 +222,7 @@ absl::Status ValidateOpRequest(OpRequest& r) {
                                   "' has ", DTypeName(*float_dtype), "; float inputs must share one dtype"));
     }
   }
-  if (auto s = CheckShapes(r); !s.ok()) return s;
+  if (auto s = spec->check_shapes(r); !s.ok()) return s;
   return CheckAttrs(r, *spec);
 }
 
@@ -387,7 +257,7 @@ absl::StatusOr<OpRequest> Validate(const v1::FusedOpRequest& request, v1::FusedO
                                    const ValidationLimits& limits) {
   OpRequest r;
   r.op = request.op();
-  const OpSpec* spec = FindOpSpec(r.op);
+  const OpSpec* spec = r.spec = FindOpSpec(r.op);
   if (spec == nullptr) {
     OpRequest probe;
     probe.op = r.op;

@@ -11,7 +11,8 @@
 //    once all of them are enqueued, so the GPU runs them back to back and the
 //    dispatcher's host-side launch cost never lands between two events.
 //
-// Inputs: random values from MakeRandomRequest at a few token rows (at most
+// Inputs: as the op describes them for a key (OpSpec::inputs_for_key), random
+// values from MakeRandomRequest at a few token rows (at most
 // 16 MiB of token inputs per op, generated once per op and shape), copied to
 // the device and tiled up to the bucket's row count with device copies, so a
 // 16384-row bucket costs no host time. Index inputs (positions, seq_lens,
@@ -121,63 +122,6 @@ class DeviceBuffer : public Scratch {
   size_t size_ = 0;
 };
 
-// The inputs of an op as the tuner lays them out. Mirrors MakeRandomRequest
-// (kernels/op.cc); Tune() checks the two agree.
-struct InputShape {
-  std::string name;
-  std::vector<int64_t> shape;
-  bool token = false;  // leading dim is the token dim (tiled)
-  bool index = false;  // integer input, built at full size
-};
-
-std::vector<InputShape> InputShapes(const std::string& op, const std::vector<int64_t>& k) {
-  if (op == "rms_norm" || op == "add_rms_norm" || op == "add_rms_norm_silu" || op == "layer_norm") {
-    std::vector<InputShape> in{{"x", {k[0], k[1]}, true, false}, {"weight", {k[1]}, false, false}};
-    if (op == "add_rms_norm" || op == "add_rms_norm_silu") in.push_back({"residual", {k[0], k[1]}, true, false});
-    if (op == "layer_norm") in.push_back({"bias", {k[1]}, false, false});
-    return in;
-  }
-  if (op == "softmax" || op == "gelu") return {{"x", {k[0], k[1]}, true, false}};
-  if (op == "silu_and_mul") return {{"x", {k[0], 2 * k[1]}, true, false}};
-  if (op == "rope") {
-    return {{"q", {k[0], k[1], k[3]}, true, false},
-            {"k", {k[0], k[2], k[3]}, true, false},
-            {"positions", {k[0]}, true, true}};
-  }
-  if (op == "linear") return {{"x", {k[0], k[2]}, true, false}, {"weight", {k[1], k[2]}, false, false}};
-  if (op == "swiglu_mlp") {
-    return {{"x", {k[0], k[1]}, true, false},
-            {"gate_up", {2 * k[2], k[1]}, false, false},
-            {"down", {k[1], k[2]}, false, false}};
-  }
-  if (op == "attention") {
-    return {{"q", {k[0], k[1], k[3]}, true, false},
-            {"k", {k[0], k[2], k[3]}, true, false},
-            {"v", {k[0], k[2], k[3]}, true, false},
-            {"seq_lens", {1}, false, true}};
-  }
-  if (op == "attention_decode") {
-    return {{"q", {k[0], k[2], k[4]}, true, false},
-            {"k_cache", {k[0], k[1], k[3], k[4]}, true, false},
-            {"v_cache", {k[0], k[1], k[3], k[4]}, true, false},
-            {"lengths", {k[0]}, true, true}};
-  }
-  return {};
-}
-
-// Full-size values of an index input: positions 0..T-1, one sequence of T
-// tokens, every decode sequence L long.
-std::vector<int64_t> IndexValues(const std::string& name, const std::vector<int64_t>& k) {
-  if (name == "positions") {
-    std::vector<int64_t> v(k[0]);
-    for (int64_t i = 0; i < k[0]; ++i) v[i] = i;
-    return v;
-  }
-  if (name == "seq_lens") return {k[0]};
-  if (name == "lengths") return std::vector<int64_t>(k[0], k[1]);
-  return {};
-}
-
 int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -185,12 +129,12 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 }
 
 // Token rows of the random source request for an op/shape.
-int64_t SourceRows(const std::string& op, const std::vector<int64_t>& key, DType dtype) {
+int64_t SourceRows(const OpSpec& spec, const std::vector<int64_t>& key, DType dtype) {
   std::vector<int64_t> one = key;
   one[0] = 1;
   int64_t row_bytes = 0;
-  for (const InputShape& s : InputShapes(op, one)) {
-    if (s.token && !s.index) row_bytes += Numel(s.shape) * static_cast<int64_t>(DTypeSize(dtype));
+  for (const InputDesc& s : spec.inputs_for_key(one)) {
+    if (s.token && !spec.is_index(s.name)) row_bytes += Numel(s.shape) * static_cast<int64_t>(DTypeSize(dtype));
   }
   int64_t rows = 1;
   while (rows * 2 <= 16384 && rows * 2 * row_bytes <= kSourceTokenBytes) rows *= 2;
@@ -326,12 +270,14 @@ absl::Status CudaTuner::Init() {
 }
 
 absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, std::string* skip) {
-  const std::vector<InputShape> shapes = InputShapes(e.op, e.key);
   const OpSpec* spec = FindOpSpec(e.op);
-  if (shapes.empty() || spec == nullptr) {
-    *skip = "the tuner does not know this op's inputs";
+  if (spec == nullptr) {
+    *skip = "the tuner does not know this op";
     return absl::OkStatus();
   }
+  // The inputs as the op builds them for a key (the random source request is
+  // built from the same description, at fewer rows).
+  const std::vector<InputDesc> shapes = spec->inputs_for_key(e.key);
   const size_t dsize = DTypeSize(e.dtype);
   const int64_t M = e.key[0];
 
@@ -339,51 +285,40 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
     std::vector<int64_t> rest(e.key.begin() + 1, e.key.end());
     const std::string id = absl::StrCat(e.op, "|", static_cast<int>(e.dtype), "|", absl::StrJoin(rest, ","));
     if (id != source_id_) {
-      source_rows_ = SourceRows(e.op, e.key, e.dtype);
+      source_rows_ = SourceRows(*spec, e.key, e.dtype);
       std::vector<int64_t> key = e.key;
       key[0] = source_rows_;
       source_ = MakeRandomRequest(e.op, e.dtype, key, /*seed=*/0x7475'6e65);
       source_id_ = id;
-      // MakeRandomRequest and InputShapes must describe the same inputs.
-      for (const InputShape& s : InputShapes(e.op, key)) {
-        if (s.index) continue;
-        if (!source_.has(s.name) || source_.in(s.name).shape != s.shape) {
-          source_id_.clear();
-          return absl::InternalError("tuner input layout of " + e.op + " disagrees with MakeRandomRequest at " +
-                                     s.name);
-        }
-      }
     }
   }
 
-  // Host request: attributes (MakeRandomRequest's: defaults, resolved scale),
-  // shapes, index values.
+  // Host request: attributes (defaults, shape-dependent ones resolved, as
+  // MakeRandomRequest's), shapes, index values.
   p->host = OpRequest();
   p->host.op = e.op;
+  p->host.spec = spec;
   p->dtype = e.dtype;
   for (const AttrSpec& a : spec->attrs) p->host.attrs[a.name] = a.default_value;
-  if (e.op == "attention" || e.op == "attention_decode") {
-    p->host.attrs["scale"] = 1.0 / std::sqrt(static_cast<double>(e.key.back()));
-  }
-  if (random) p->host.attrs = source_.attrs;
-
   p->inputs.clear();
   p->outputs.clear();
   p->total = 0;
-  for (const InputShape& s : shapes) {
+  for (const InputDesc& s : shapes) {
+    const bool index = spec->is_index(s.name);
     HostTensor h;
     h.shape = s.shape;
-    if (s.index) {
-      h = HostTensor::FromInt64(DType::kI64, s.shape, IndexValues(s.name, e.key));
+    if (index) {
+      h = HostTensor::FromInt64(DType::kI64, s.shape, s.values);
     } else {
       h.dtype = e.dtype;
     }
-    DeviceTensor t{s.index ? DType::kI32 : e.dtype, s.shape, nullptr};
-    const size_t bytes = static_cast<size_t>(t.numel()) * (s.index ? 4 : dsize);
+    DeviceTensor t{index ? DType::kI32 : e.dtype, s.shape, nullptr};
+    const size_t bytes = static_cast<size_t>(t.numel()) * (index ? 4 : dsize);
     p->inputs.push_back({s.name, t, p->total, bytes});
     p->total += AlignUp(bytes);
     p->host.inputs[s.name] = std::move(h);
   }
+  if (spec->resolve_attrs) spec->resolve_attrs(p->host);
   for (const auto& [name, shape] : OutputShapes(p->host)) {
     DeviceTensor t{e.dtype, shape, nullptr};
     const size_t bytes = static_cast<size_t>(t.numel()) * dsize;
@@ -421,11 +356,10 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
   }
   for (size_t i = 0; i < p->inputs.size(); ++i) {
     const Problem::Slot& slot = p->inputs[i];
-    const InputShape& s = shapes[i];
+    const InputDesc& s = shapes[i];
     char* dst = dev + slot.offset;
-    if (s.index) {
-      const std::vector<int64_t> v = IndexValues(s.name, e.key);
-      std::vector<int32_t> v32(v.begin(), v.end());
+    if (spec->is_index(s.name)) {
+      std::vector<int32_t> v32(s.values.begin(), s.values.end());
       if (CudaStatus c = FS_CUDA_CHECK(cudaMemcpyAsync(dst, v32.data(), v32.size() * 4, cudaMemcpyHostToDevice, st));
           !c.ok())
         return ToStatus(c);
@@ -470,10 +404,7 @@ CudaStatus CudaTuner::Launch(Problem& p, const std::string& config, const Config
     if (o == op && d == dtype) return config;
     return tuned ? tuned(o, d, key) : std::string();
   };
-  *handled = false;
-  CudaStatus s = RunMemoryBoundOp(p.host, p.in, p.out, ctx, handled);
-  if (!*handled) s = RunComputeOp(p.host, p.in, p.out, ctx, handled);
-  return s;
+  return RunCudaOp(p.host, p.in, p.out, ctx, handled);
 }
 
 absl::Status CudaTuner::Recover(const std::string& what) {
@@ -585,8 +516,7 @@ absl::StatusOr<double> CudaTuner::Time(Problem& p, const std::string& config, co
 absl::StatusOr<TuneResult> CudaTuner::Tune(const EnvelopeEntry& e, const ConfigLookup& tuned) {
   if (absl::Status s = Init(); !s.ok()) return s;
   TuneResult result;
-  std::vector<std::string> candidates = MemoryBoundCandidates(e.op, e.dtype, e.key);
-  if (candidates.empty()) candidates = ComputeCandidates(e.op, e.dtype, e.key);
+  std::vector<std::string> candidates = CudaCandidates(e.op, e.dtype, e.key);
   result.candidates = static_cast<int64_t>(candidates.size());
   if (candidates.size() <= 1) {
     // Nothing to choose: only check that the op runs here.

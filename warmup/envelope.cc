@@ -12,29 +12,11 @@
 #include "warmup/tuning_cache.h"
 
 namespace fusedserve {
-namespace {
-
-bool IsRowOp(const std::string& op) {
-  return op == "rms_norm" || op == "add_rms_norm" || op == "add_rms_norm_silu" || op == "layer_norm" ||
-         op == "softmax" || op == "silu_and_mul" || op == "gelu";
-}
-
-std::vector<const char*> KeyNames(const std::string& op) {
-  if (op == "softmax" || op == "gelu") return {"M", "N"};
-  if (op == "silu_and_mul") return {"M", "I"};
-  if (IsRowOp(op)) return {"M", "H"};
-  if (op == "rope" || op == "attention") return {"T", "Hq", "Hkv", "D"};
-  if (op == "linear") return {"M", "N", "K"};
-  if (op == "swiglu_mlp") return {"M", "D", "I"};
-  if (op == "attention_decode") return {"B", "L", "Hq", "Hkv", "D"};
-  return {};
-}
-
-}  // namespace
 
 absl::Status ValidateTuningKey(const std::string& op, const std::vector<int64_t>& key) {
-  if (FindOpSpec(op) == nullptr) return absl::InvalidArgumentError("unknown op '" + op + "'");
-  const std::vector<const char*> names = KeyNames(op);
+  const OpSpec* spec = FindOpSpec(op);
+  if (spec == nullptr) return absl::InvalidArgumentError("unknown op '" + op + "'");
+  const std::vector<std::string>& names = spec->key_dims;
   if (key.size() != names.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, " key must have ", names.size(), " dims (", FormatTuningKey(op, {}), "), got ", key.size()));
@@ -44,38 +26,24 @@ absl::Status ValidateTuningKey(const std::string& op, const std::vector<int64_t>
       return absl::InvalidArgumentError(absl::StrCat(op, " key dim ", names[i], " = ", key[i], " is out of range"));
     }
   }
-  if (op == "rope" || op == "attention" || op == "attention_decode") {
-    const int64_t hq = key[op == "attention_decode" ? 2 : 1], hkv = key[op == "attention_decode" ? 3 : 2];
-    if (hq % hkv != 0) return absl::InvalidArgumentError(op + " key: Hq must be a multiple of Hkv");
-  }
-  if (op == "rope" && key[3] % 2 != 0) return absl::InvalidArgumentError("rope key: D must be even");
-  return absl::OkStatus();
+  return spec->check_key ? spec->check_key(key) : absl::OkStatus();
 }
 
 std::string FormatTuningKey(const std::string& op, const std::vector<int64_t>& key) {
-  const std::vector<const char*> names = KeyNames(op);
+  const OpSpec* spec = FindOpSpec(op);
+  if (spec == nullptr) return "";
   std::string out;
-  for (size_t i = 0; i < names.size(); ++i) {
+  for (size_t i = 0; i < spec->key_dims.size(); ++i) {
     if (i > 0) out += " ";
-    out += names[i];
+    out += spec->key_dims[i];
     if (i < key.size()) absl::StrAppend(&out, "=", key[i]);
   }
   return out;
 }
 
 std::vector<int64_t> SmallTuningKey(const std::string& op, const std::vector<int64_t>& key) {
-  auto cap = [](int64_t v, int64_t c) { return std::min(v, c); };
-  if (IsRowOp(op)) return {1, cap(key[1], 256)};
-  if (op == "linear" || op == "swiglu_mlp") return {1, cap(key[1], 256), cap(key[2], 256)};
-  // Heads: keep the GQA ratio (up to 4) with one KV head; D even, at most 64.
-  const bool decode = op == "attention_decode";
-  const int64_t hq = key[decode ? 2 : 1], hkv = key[decode ? 3 : 2], d = key[decode ? 4 : 3];
-  const int64_t group = cap(hkv > 0 ? hq / hkv : 1, 4);
-  const int64_t d_small = std::max<int64_t>(2, cap(d, 64) / 2 * 2);
-  if (op == "rope") return {1, group, 1, d_small};
-  if (op == "attention") return {4, group, 1, d_small};
-  if (decode) return {1, cap(key[1], 64), group, 1, d_small};
-  return key;
+  const OpSpec* spec = FindOpSpec(op);
+  return spec != nullptr ? spec->small_key(key) : key;
 }
 
 namespace {

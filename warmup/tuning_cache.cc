@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/op.h"
 #include "nlohmann/json.hpp"
 #include "warmup/regular_file.h"
 
@@ -35,9 +36,12 @@ int64_t RoundUpPow2(int64_t n) {
 }
 
 std::vector<int64_t> BucketKey(const std::string& op, const std::vector<int64_t>& key) {
+  static const std::vector<int> kTokenDim = {0};  // an op this build does not know
+  const OpSpec* spec = FindOpSpec(op);
   std::vector<int64_t> b = key;
-  if (!b.empty()) b[0] = RoundUpPow2(b[0]);
-  if (op == "attention_decode" && b.size() > 1) b[1] = RoundUpPow2(b[1]);
+  for (int d : spec != nullptr ? spec->bucket_dims : kTokenDim) {
+    if (d < static_cast<int>(b.size())) b[d] = RoundUpPow2(b[d]);
+  }
   return b;
 }
 

@@ -96,9 +96,9 @@ struct TuningEntry {
 
 // Smallest power of two >= n (1 for n <= 1).
 int64_t RoundUpPow2(int64_t n);
-// The cache key of a TuningKey: the token dim (key[0]) rounded up to a power
-// of two; attention_decode's context length (key[1]) too, since decode runs at
-// every length. Other dims exact.
+// The cache key of a TuningKey: the op's bucket_dims rounded up to a power of
+// two (the token dim; attention_decode's context length too, since decode
+// runs at every length). Other dims exact.
 std::vector<int64_t> BucketKey(const std::string& op, const std::vector<int64_t>& key);
 // "rms_norm|bf16|4096,4096" (key already bucketed).
 std::string EntryId(const std::string& op, DType dtype, const std::vector<int64_t>& key);

@@ -5,10 +5,38 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "kernels/op.h"
 
 namespace fusedserve::cpu {
+
+using FloatOutputs = std::map<std::string, std::vector<float>>;
+
+// What an op's CPU entry (OpSpec::run_cpu) gets: the request, its fp32
+// outputs (zeroed, sized by OutputShapes), and the pieces it runs in. Work
+// goes in pieces of rows (tokens, or sequences for decode) of about 5e7
+// flops each, with the stop check polled between them: a cancelled or
+// expired request stops within tens of milliseconds.
+struct OpCall {
+  const OpRequest& r;
+  FloatOutputs& out;
+  double flops;  // EstimateCost(r).flops
+  const StopCheck& stop;
+
+  std::vector<float> In(const std::string& name) const { return r.in(name).ToFloat(); }
+  float* Out(const std::string& name) const { return out.at(name).data(); }
+  // Calls body(begin, end) over [0, rows) in pieces; stop's status if it fires.
+  absl::Status ForEachChunk(int64_t rows, const std::function<void(int64_t, int64_t)>& body) const;
+};
+
+// The reference outputs (fp32, by name) of a validated request.
+absl::StatusOr<FloatOutputs> RunReference(const OpRequest& r, const StopCheck& stop);
 
 // y = x / sqrt(mean(x^2) + eps) * weight.     x, y [M,H]; weight [H]
 void RmsNorm(const float* x, const float* weight, int64_t M, int64_t H, float eps, float* y);

@@ -30,7 +30,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/common.cuh"
 
-namespace fusedserve {
+namespace fusedserve::cuda {
 namespace {
 
 using cuda::FromFloat;  // shared dtype conversions (common.cuh)
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) FlashFwdKernel(FlashParams p) 
 }
 
 template <typename T, int kHeadDim, int kWarps, int kMTiles>
-CudaStatus LaunchFlash(const AttentionArgs& a, cudaStream_t stream) {
+CudaStatus LaunchFlash(const AttentionParams& a, cudaStream_t stream) {
   using Tr = FlashTraits<T, kHeadDim, kWarps, kMTiles>;
   auto kernel = FlashFwdKernel<T, kHeadDim, kWarps, kMTiles>;
   if (CudaStatus s =
@@ -392,7 +392,7 @@ CudaStatus LaunchFlash(const AttentionArgs& a, cudaStream_t stream) {
 }
 
 template <typename T, int kHeadDim>
-CudaStatus LaunchFlashHD(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
+CudaStatus LaunchFlashHD(const AttentionParams& a, int block_m, int warps, cudaStream_t stream) {
   if (block_m == 128 && warps == 4) return LaunchFlash<T, kHeadDim, 4, 2>(a, stream);
   if (block_m == 64 && warps == 4) return LaunchFlash<T, kHeadDim, 4, 1>(a, stream);
   if (block_m == 128 && warps == 8) return LaunchFlash<T, kHeadDim, 8, 1>(a, stream);
@@ -401,7 +401,7 @@ CudaStatus LaunchFlashHD(const AttentionArgs& a, int block_m, int warps, cudaStr
 }
 
 template <typename T>
-CudaStatus LaunchFlashDtype(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
+CudaStatus LaunchFlashDtype(const AttentionParams& a, int block_m, int warps, cudaStream_t stream) {
   return a.D == 128 ? LaunchFlashHD<T, 128>(a, block_m, warps, stream)
                     : LaunchFlashHD<T, 64>(a, block_m, warps, stream);
 }
@@ -725,20 +725,35 @@ CudaStatus LaunchSimt(DType dtype, const SimtParams& p, int D, int queries, cuda
   }
 }
 
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
 
-int DefaultPrefillBlockM(const AttentionArgs& a, int sm_count) {
+std::string FormatAttentionConfig(const AttentionConfig& c) { return FormatConfigInts("mw", {c.block_m, c.warps}); }
+
+bool ParseAttentionConfig(const std::string& s, AttentionConfig* c) {
+  std::vector<int> v;
+  if (!ParseConfigInts(s, "mw", &v)) return false;
+  const bool known = (v[0] == 128 && (v[1] == 4 || v[1] == 8)) || (v[0] == 64 && v[1] == 4);
+  if (!known) return false;
+  *c = AttentionConfig{v[0], v[1]};
+  return true;
+}
+
+AttentionConfig DefaultAttentionConfig(const AttentionParams& a, int sm_count) {
   // Measured B=1 S=2048 Hq=32 (512 CTAs of 128 rows): 154 us with 64 rows,
   // 167 us with 128; B=4 S=2048 the other way, 513 vs 496 us.
   const int64_t ctas128 = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;
-  return ctas128 < 4 * std::max(1, sm_count) ? 64 : 128;
+  return AttentionConfig{ctas128 < 4 * std::max(1, sm_count) ? 64 : 128, 4};
 }
 
-CudaStatus LaunchAttentionPrefill(const AttentionArgs& a, int block_m, int warps, cudaStream_t stream) {
+std::vector<AttentionConfig> AttentionCandidates(DType dtype) {
+  if (dtype == DType::kF32) return {{128, 4}};  // the fp32 path has no block size
+  return {{128, 4}, {64, 4}, {128, 8}};
+}
+
+CudaStatus LaunchAttentionPrefill(const AttentionParams& a, const AttentionConfig& c, cudaStream_t stream) {
+  const int block_m = c.block_m, warps = c.warps;
   if (!AttentionHeadDimSupported(a.D)) {
     return CudaStatus::Unsupported("attention: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
@@ -781,12 +796,33 @@ int DecodeDefaultSplits(DType dtype, int B, int L, int Hq, int Hkv, int D, int s
   return std::min(pow2, kMaxSplits);
 }
 
+std::string FormatDecodeConfig(const DecodeConfig& c) { return FormatConfigInts("s", {c.splits}); }
+
+bool ParseDecodeConfig(const std::string& s, DecodeConfig* c) {
+  std::vector<int> v;
+  if (!ParseConfigInts(s, "s", &v)) return false;
+  *c = DecodeConfig{v[0]};
+  return true;
+}
+
+std::vector<DecodeConfig> DecodeCandidates(int64_t L) {
+  std::vector<DecodeConfig> c = {{0}};
+  for (int s = 1; s <= 128 && (s == 1 || L / s >= 128); s *= 2) c.push_back({s});
+  return c;
+}
+
+int DecodeSplits(const DecodeParams& a, const DecodeConfig& c, int sm_count) {
+  int splits = c.splits;
+  if (splits <= 0) splits = DecodeDefaultSplits(a.dtype, a.B, a.L, a.Hq, a.Hkv, a.D, sm_count);
+  return std::max(1, std::min(splits, std::max(1, a.L)));
+}
+
 size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits) {
   if (splits <= 1) return 0;
   return static_cast<size_t>(B) * Hq * splits * (D + 2) * sizeof(float);
 }
 
-CudaStatus LaunchAttentionDecode(const DecodeArgs& a, int splits, void* workspace, cudaStream_t stream) {
+CudaStatus LaunchAttentionDecode(const DecodeParams& a, int splits, void* workspace, cudaStream_t stream) {
   if (!AttentionHeadDimSupported(a.D)) {
     return CudaStatus::Unsupported("attention_decode: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
@@ -808,4 +844,4 @@ CudaStatus LaunchAttentionDecode(const DecodeArgs& a, int splits, void* workspac
   return LaunchSimt(a.dtype, p, a.D, a.B, stream);
 }
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

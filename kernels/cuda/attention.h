@@ -12,13 +12,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/dtype.h"
 
-namespace fusedserve {
+namespace fusedserve::cuda {
 
-struct AttentionArgs {
+struct AttentionParams {
   DType dtype = DType::kBF16;
   const void* q = nullptr;            // [T,Hq,D]
   const void* k = nullptr;            // [T,Hkv,D]
@@ -35,17 +37,27 @@ struct AttentionArgs {
 // Head dims the kernels are built for.
 bool AttentionHeadDimSupported(int D);
 
-// Prefill kernel shapes (query rows per CTA, warps per CTA), 64-key tiles:
-//   (128, 4): 32 rows per warp, each K/V fragment feeds two MMAs
-//   (64, 4):  16 rows per warp, Q fragments kept in registers
-//   (128, 8): 16 rows per warp, Q in registers
-// Any other pair is an error.
-// The untuned choice of block_m (with 4 warps): 64-row CTAs while 128-row
-// ones would give the SMs (two CTAs each) fewer than two waves.
-int DefaultPrefillBlockM(const AttentionArgs& args, int sm_count);
-CudaStatus LaunchAttentionPrefill(const AttentionArgs& args, int block_m, int warps, cudaStream_t stream);
+// Prefill kernel shape (query rows per CTA, warps per CTA), 64-key tiles:
+//   m128.w4: 32 rows per warp, each K/V fragment feeds two MMAs
+//   m64.w4:  16 rows per warp, Q fragments kept in registers
+//   m128.w8: 16 rows per warp, Q in registers
+// Format "m128.w4" (kernels/cuda/config.h). The fp32 path has one shape.
+struct AttentionConfig {
+  int block_m = 0;  // 0: not set (the dispatch uses the default)
+  int warps = 4;
+};
+std::string FormatAttentionConfig(const AttentionConfig& c);
+// False (and *c untouched) unless `s` is one of the three shapes above.
+bool ParseAttentionConfig(const std::string& s, AttentionConfig* c);
+// The untuned shape: 64-row CTAs (4 warps) while 128-row ones would give the
+// SMs (two CTAs each) fewer than two waves.
+AttentionConfig DefaultAttentionConfig(const AttentionParams& p, int sm_count);
+// Candidates worth timing; the first is valid for every shape.
+std::vector<AttentionConfig> AttentionCandidates(DType dtype);
+// Any config other than the three shapes is an error.
+CudaStatus LaunchAttentionPrefill(const AttentionParams& p, const AttentionConfig& c, cudaStream_t stream);
 
-struct DecodeArgs {
+struct DecodeParams {
   DType dtype = DType::kBF16;
   const void* q = nullptr;           // [B,Hq,D]
   const void* k_cache = nullptr;     // [B,L,Hkv,D]
@@ -56,12 +68,24 @@ struct DecodeArgs {
   float scale = 0.0f;
 };
 
+// Decode launch shape: the number of splits along L. Format "s4"; "s0" means
+// the default for the shape (DecodeDefaultSplits).
+struct DecodeConfig {
+  int splits = 0;  // 0: the default
+};
+std::string FormatDecodeConfig(const DecodeConfig& c);
+bool ParseDecodeConfig(const std::string& s, DecodeConfig* c);
+// Candidates worth timing for a cache length L; the first ("s0") fits every shape.
+std::vector<DecodeConfig> DecodeCandidates(int64_t L);
+
 // Splits along L for a decode problem: none when the batch alone gives
 // every SM a CTA, else about two CTAs per SM, each split at least 64 keys.
 int DecodeDefaultSplits(DType dtype, int B, int L, int Hq, int Hkv, int D, int sm_count);
+// The splits a config asks for, resolved and clamped to 1..L.
+int DecodeSplits(const DecodeParams& p, const DecodeConfig& c, int sm_count);
 // Scratch bytes the decode kernel needs for `splits` (0 when splits == 1).
 size_t DecodeWorkspaceBytes(int B, int Hq, int D, int splits);
 // workspace: DecodeWorkspaceBytes of device memory (may be null if splits == 1).
-CudaStatus LaunchAttentionDecode(const DecodeArgs& args, int splits, void* workspace, cudaStream_t stream);
+CudaStatus LaunchAttentionDecode(const DecodeParams& p, int splits, void* workspace, cudaStream_t stream);
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/dtype.h"
 
@@ -405,47 +406,6 @@ inline int64_t Pow2Ceil(int64_t v) {
   int64_t p = 1;
   while (p < v) p <<= 1;
   return p;
-}
-
-// Config strings are dot-separated fields of one letter and a decimal value,
-// e.g. "t256.r1" (a family's Format/Parse functions fix the letters and their
-// order). Returns false on any malformed field.
-inline bool ParseConfigFields(const std::string& s, std::vector<std::pair<char, int>>* fields) {
-  fields->clear();
-  size_t i = 0;
-  while (i < s.size()) {
-    const char key = s[i++];
-    if (key < 'a' || key > 'z') return false;
-    int64_t value = 0;
-    size_t digits = 0;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
-      value = value * 10 + (s[i++] - '0');
-      if (value > (1 << 24)) return false;
-      ++digits;
-    }
-    if (digits == 0) return false;
-    fields->emplace_back(key, static_cast<int>(value));
-    if (i < s.size()) {
-      if (s[i] != '.') return false;
-      if (++i == s.size()) return false;
-    }
-  }
-  return !fields->empty();
-}
-
-// Parses "k1<v1>.k2<v2>..." whose letters are exactly `keys` in order.
-inline bool ParseConfigInts(const std::string& s, const char* keys, std::vector<int>* values) {
-  std::vector<std::pair<char, int>> fields;
-  if (!ParseConfigFields(s, &fields)) return false;
-  size_t n = 0;
-  while (keys[n] != '\0') ++n;
-  if (fields.size() != n) return false;
-  values->clear();
-  for (size_t i = 0; i < n; ++i) {
-    if (fields[i].first != keys[i]) return false;
-    values->push_back(fields[i].second);
-  }
-  return true;
 }
 
 // Candidate {threads, unroll} configs of a flat elementwise kernel over

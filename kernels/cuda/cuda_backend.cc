@@ -132,8 +132,7 @@ class CudaBackend : public Backend {
       return CudaToAbsl(s);
 
     bool handled = false;
-    CudaStatus status = RunMemoryBoundOp(r, din, dout, ctx_, &handled);
-    if (!handled) status = RunComputeOp(r, din, dout, ctx_, &handled);
+    const CudaStatus status = RunCudaOp(r, din, dout, ctx_, &handled);
     if (!handled) return absl::UnimplementedError("op '" + r.op + "' has no CUDA implementation");
     // A valid request outside what the kernels take (e.g. a head dim the
     // flash kernels lack): answer it with the CPU reference, slowly but right.
@@ -182,9 +181,7 @@ absl::Status CudaToAbsl(const CudaStatus& s, const std::string& what) {
 
 DeviceTensor DeviceInput(const OpRequest& r, const std::string& name) {
   const HostTensor& host = r.in(name);
-  const OpSpec* spec = FindOpSpec(r.op);
-  const bool index = spec != nullptr &&
-                     std::find(spec->index_inputs.begin(), spec->index_inputs.end(), name) != spec->index_inputs.end();
+  const bool index = r.spec != nullptr && r.spec->is_index(name);
   return DeviceTensor{index ? DType::kI32 : host.dtype, host.shape, nullptr};
 }
 

@@ -1,7 +1,8 @@
 // The seam between the CUDA backend (buffers, transfers, locking) and the op
-// families (which launcher to call with which config). Plain C++: dispatch
-// files are compiled by the host compiler and call launchers from the family
-// headers (norm.h, softmax.h, ...), whose kernels live in .cu files.
+// families (which launcher to call with which config): the CUDA half of the
+// op registry (kernels/op.h). Plain C++: the <family>_op.cc files are
+// compiled by the host compiler and call launchers from the family headers
+// (norm.h, softmax.h, ...), whose kernels live in .cu files.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,18 +54,53 @@ struct DispatchContext {
   Scratch* scratch = nullptr;
 };
 
-// Each op family's dispatcher. *handled is false when the op is not one of
-// that family's (the backend then tries the next dispatcher).
-CudaStatus RunMemoryBoundOp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
-                            DispatchContext& ctx, bool* handled);
-CudaStatus RunComputeOp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
-                        DispatchContext& ctx, bool* handled);
+// An op's CUDA entry: its dispatch (request -> the family's params and typed
+// config -> launcher) and its tuning candidates. Each family defines its
+// entries beside its kernels (kernels/cuda/<family>_op.cc); the CUDA table
+// (dispatch.cc) lists them by op name and indexes them by OpSpec::id.
+struct CudaOp {
+  std::string op;  // OpSpec::name
+  // Shapes come from the device tensors; the host request supplies
+  // attributes and host copies of index inputs.
+  CudaStatus (*run)(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
+                    DispatchContext& ctx) = nullptr;
+  // Candidate config strings for (dtype, TuningKey); the first is the
+  // default (valid for every shape). The autotuner times each by running
+  // the op with a ConfigLookup that returns it. Null: nothing to tune.
+  std::vector<std::string> (*candidates)(DType dtype, const std::vector<int64_t>& key) = nullptr;
+};
 
-// Tuning hooks. Candidate config strings for (op, dtype, TuningKey); the first
-// is the default (valid for every shape). Empty when the op is not the
-// family's or has nothing to tune. The autotuner times each candidate by
-// running the dispatcher with a ConfigLookup that returns it.
-std::vector<std::string> MemoryBoundCandidates(const std::string& op, DType dtype, const std::vector<int64_t>& key);
-std::vector<std::string> ComputeCandidates(const std::string& op, DType dtype, const std::vector<int64_t>& key);
+// Each family's entries, gathered by the CUDA table.
+std::vector<CudaOp> NormCudaOps();
+std::vector<CudaOp> SoftmaxCudaOps();
+std::vector<CudaOp> ActivationCudaOps();
+std::vector<CudaOp> RopeCudaOps();
+std::vector<CudaOp> LinearCudaOps();
+std::vector<CudaOp> SwigluMlpCudaOps();
+std::vector<CudaOp> AttentionCudaOps();
+
+// The CUDA entry of an op; nullptr when it has no CUDA kernel.
+const CudaOp* FindCudaOp(const OpSpec& spec);
+
+// Runs a validated request's op. *handled is false (and nothing runs) when
+// the op has no CUDA entry.
+CudaStatus RunCudaOp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out, DispatchContext& ctx,
+                     bool* handled);
+// The op's candidates for (dtype, key): empty when the op is unknown, has no
+// CUDA entry, nothing to tune, or the key has the wrong rank.
+std::vector<std::string> CudaCandidates(const std::string& op, DType dtype, const std::vector<int64_t>& key);
+
+// The config strings of a family's typed candidates (CudaOp::candidates).
+template <typename Config>
+std::vector<std::string> FormatAll(const std::vector<Config>& configs, std::string (*format)(const Config&)) {
+  std::vector<std::string> out;
+  for (const Config& c : configs) out.push_back(format(c));
+  return out;
+}
+
+// The tuned config string of a request ("" when there is none).
+std::string ConfigOf(const DispatchContext& ctx, const OpRequest& host, DType dtype);
+// The device tensor `name` of `m`, or nullptr.
+const DeviceTensor* FindTensor(const DeviceTensorMap& m, const std::string& name);
 
 }  // namespace fusedserve

@@ -30,7 +30,7 @@ struct GemmArgs {
 
 // Number of algorithms cuBLASLt's heuristic offers for this problem (at most
 // kMaxGemmAlgos); 0 when it offers none (or there is no device). These are
-// the linear op's tunable candidates "algo=0".."algo=n-1".
+// the linear op's tunable cuBLASLt candidates (linear.h: "p0.a0".."p0.a<n-1>").
 constexpr int kMaxGemmAlgos = 8;
 int GemmAlgoCount(DType dtype, int64_t M, int64_t N, int64_t K);
 

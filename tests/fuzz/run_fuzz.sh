@@ -57,7 +57,7 @@ cflags="-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,addr
 # Library sources: request validation, the op vocabulary, the CPU reference
 # backend (run on every valid input) and the batcher's merge/split.
 sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc telemetry/metrics.cc telemetry/log.cc
-  kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/cpu/*.cc)
+  kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/ops/*.cc kernels/cpu/*.cc)
 objects=()
 pids=()
 for s in "${sources[@]}"; do

@@ -18,7 +18,6 @@
 
 #include "engine/sampler.h"
 #include "kernels/cpu/reference.h"
-#include "kernels/cuda/argmax.h"
 #include "kernels/dtype.h"
 #include "model/cuda_runner.h"
 #include "model/runner.h"
@@ -286,50 +285,6 @@ TEST_P(ModelCudaTest, DecodeBatchesOnTheSkinnyPath) {
     }
     std::printf("[%s] decode batch of %ld: worst logits rel err %.3e\n", c.name.c_str(), static_cast<long>(B), worst);
   }
-}
-
-// The device argmax over a 128K vocabulary (several chunk CTAs per row,
-// merged by the last one) against the host's cpu::GreedyToken: random rows, a
-// tie across chunks, NaNs, an all-NaN row; replayed to check the chunk
-// counters are left at zero.
-TEST(DeviceArgmaxTest, MatchesHostGreedy) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const int64_t rows = 5, V = 128256;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  std::vector<uint16_t> bits(rows * V);
-  for (auto& b : bits) b = FloatToBf16(nd(rng));
-  const float nan = std::nanf("");
-  bits[1 * V + 100] = bits[1 * V + 120000] = FloatToBf16(50.0f);  // tie in different chunks: lower index wins
-  bits[2 * V + 7] = FloatToBf16(nan);
-  bits[2 * V + 90000] = FloatToBf16(40.0f);
-  for (int64_t i = 0; i < V; ++i) bits[3 * V + i] = FloatToBf16(nan);
-  bits[4 * V + V - 1] = FloatToBf16(60.0f);  // the very last element
-  std::vector<float> host(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) host[i] = Bf16ToFloat(bits[i]);
-  void *d_logits = nullptr, *d_ws = nullptr;
-  int32_t* d_out = nullptr;
-  ASSERT_EQ(cudaMalloc(&d_logits, bits.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_out, rows * sizeof(int32_t)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&d_ws, cuda::ArgmaxWorkspaceBytes(rows)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(d_ws, 0, cuda::ArgmaxWorkspaceBytes(rows)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_logits, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  for (void* ws : {d_ws, d_ws, static_cast<void*>(nullptr)}) {                // twice with the workspace, once without
-    ASSERT_EQ(cudaMemset(d_out, 0xff, rows * sizeof(int32_t)), cudaSuccess);  // poison
-    ASSERT_TRUE(cuda::LaunchArgmaxRows(DType::kBF16, d_logits, rows, V, d_out, ws, nullptr).ok());
-    std::vector<int32_t> got(rows);
-    ASSERT_EQ(cudaMemcpy(got.data(), d_out, rows * sizeof(int32_t), cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int64_t r = 0; r < rows; ++r) {
-      EXPECT_EQ(got[r], cpu::GreedyToken(host.data() + r * V, V)) << "row " << r << (ws ? " (chunks)" : " (one CTA)");
-    }
-    EXPECT_EQ(got[1], 100);
-    EXPECT_EQ(got[2], 90000);
-    EXPECT_EQ(got[3], 0);
-    EXPECT_EQ(got[4], V - 1);
-  }
-  cudaFree(d_logits);
-  cudaFree(d_out);
-  cudaFree(d_ws);
 }
 
 TEST_P(ModelCudaTest, TransformerBlockLayers) {

@@ -138,7 +138,10 @@ TEST(TensorParallelTest, TransformerBlockLayersMatchUnsharded) {
 class Collect : public GenerationSink {
  public:
   bool IsCancelled() override { return false; }
-  void OnToken(int32_t t) override { tokens.push_back(t); }
+  bool OnToken(int32_t t, const TokenLogprobs*) override {
+    tokens.push_back(t);
+    return true;
+  }
   void OnFinish(const absl::Status& s, const GenerationResult&) override {
     status = s;
     done.Notify();

@@ -234,7 +234,7 @@ TEST(TuningCache, RoundTripAndLookup) {
     std::unique_ptr<TuningCache> c = TuningCache::Open(path, Stamp());
     EXPECT_EQ(c->state(), "created");
     c->Put(Entry("rms_norm", {3, 4096}, "t256.r1.v8", 26.13));  // bucketed on Put
-    c->Put(Entry("linear", {1, 6144, 4096}, "algo=2", 30));
+    c->Put(Entry("linear", {1, 6144, 4096}, "p0.a2", 30));
     EXPECT_TRUE(c->Flush());
     EXPECT_EQ(c->state(), "created");
   }
@@ -253,7 +253,7 @@ TEST(TuningCache, RoundTripAndLookup) {
   EXPECT_EQ(c->LookupConfig("rms_norm", DType::kBF16, {5, 4096}), "");
   EXPECT_EQ(c->LookupConfig("rms_norm", DType::kBF16, {3, 4097}), "");
   EXPECT_EQ(c->LookupConfig("rms_norm", DType::kF16, {3, 4096}), "");
-  EXPECT_EQ(c->LookupConfig("linear", DType::kBF16, {1, 6144, 4096}), "algo=2");
+  EXPECT_EQ(c->LookupConfig("linear", DType::kBF16, {1, 6144, 4096}), "p0.a2");
 
   // The file is versioned, stamped JSON; no temp files are left behind.
   nlohmann::json doc = nlohmann::json::parse(ReadFile(path));

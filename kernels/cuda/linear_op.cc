@@ -1,0 +1,70 @@
+// The CUDA entry of linear (kernels/cuda/linear.h): request -> GemmArgs and
+// the tuned LinearConfig -> cuBLASLt or GEMV. An unset or unparsable config,
+// or one that cannot apply to the shape (GEMV for large M), takes the
+// built-in rule.
+#include "kernels/cuda/config.h"
+#include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/linear.h"
+
+namespace fusedserve {
+namespace cuda {
+
+std::string FormatLinearConfig(const LinearConfig& c) {
+  return FormatConfigInts("pa", {static_cast<int>(c.path), c.algo});
+}
+
+bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
+  std::vector<int> v;
+  if (!ParseConfigInts(s, "pa", &v) || v[0] > static_cast<int>(LinearPath::kGemv)) return false;
+  *c = LinearConfig{static_cast<LinearPath>(v[0]), v[1]};
+  return true;
+}
+
+std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K) {
+  const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
+  std::vector<LinearConfig> c;
+  const int n = std::max(1, GemmAlgoCount(dtype, M, N, K));
+  for (int i = 0; i < n; ++i) c.push_back({LinearPath::kGemm, i});
+  if (M >= 1 && M <= kGemvMaxM && K % vec == 0) c.push_back({LinearPath::kGemv, 0});
+  return c;
+}
+
+}  // namespace cuda
+
+namespace {
+
+CudaStatus RunLinear(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
+                     DispatchContext& ctx) {
+  const DeviceTensor& x = in.at("x");
+  const DeviceTensor& w = in.at("weight");
+  const DeviceTensor* bias = FindTensor(in, "bias");
+  GemmArgs g;
+  g.dtype = x.dtype;
+  g.M = x.shape[0];
+  g.K = x.shape[1];
+  g.N = w.shape[0];
+  g.x = x.data;
+  g.w = w.data;
+  g.bias = bias ? bias->data : nullptr;
+  g.y = out.at("y").data;
+  g.act = ParseActivation(host.s("activation"));
+  cuda::LinearConfig c;
+  cuda::ParseLinearConfig(ConfigOf(ctx, host, g.dtype), &c);
+  const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
+  const bool use_gemv = gemv_ok && (c.path == cuda::LinearPath::kGemv ||
+                                    (c.path == cuda::LinearPath::kDefault && g.M <= cuda::kGemvAutoMaxM));
+  if (use_gemv) return LaunchGemv(g, ctx.stream);
+  return GemmForward(g, c.path == cuda::LinearPath::kGemm ? c.algo : 0, ctx.stream);
+}
+
+std::vector<std::string> LinearCandidates(DType dtype, const std::vector<int64_t>& key) {
+  return FormatAll(cuda::LinearCandidates(dtype, key[0], key[1], key[2]), cuda::FormatLinearConfig);
+}
+
+}  // namespace
+
+std::vector<CudaOp> LinearCudaOps() { return {{"linear", RunLinear, LinearCandidates}}; }
+
+}  // namespace fusedserve

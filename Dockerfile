@@ -30,6 +30,7 @@ COPY CMakeLists.txt CMakePresets.json ./
 COPY proto/ proto/
 COPY kernels/ kernels/
 COPY warmup/ warmup/
+COPY tokenizer/ tokenizer/
 COPY telemetry/ telemetry/
 COPY model/ model/
 COPY engine/ engine/

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Builds the FusedOp fuzz targets with clang (libFuzzer + AddressSanitizer +
+# Builds the FusedOp and tokenizer fuzz targets with clang (libFuzzer + AddressSanitizer +
 # UBSan) and runs each for a bounded time. Used by ctest (label "fuzz", 60 s)
 # and by hand for longer runs:
 #   tests/fuzz/run_fuzz.sh [--seconds N] [--out DIR] [--jobs J] [target...]
 #     --seconds N  total fuzzing time, split evenly over the targets (default 60)
 #     --out DIR    build products, corpora and crash inputs (default build-fuzz)
 #     --jobs J     parallel compiles (default 2)
-#     targets      fuzz_fused_op (raw protobuf bytes) and/or
-#                  fuzz_fused_op_structured (mutated valid requests); default both
+#     targets      fuzz_fused_op (raw protobuf bytes), fuzz_fused_op_structured
+#                  (mutated valid requests), fuzz_tokenizer (text and ids
+#                  through the tokenizer); default all three
 # The protobuf code is generated here with protoc, so no CMake build is
 # needed. Corpora persist in DIR/corpus-<target> between runs. Exit status 1
 # when a target crashed; the input is saved as DIR/crash-<target>-*.
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_fused_op fuzz_fused_op_structured)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_fused_op fuzz_fused_op_structured fuzz_tokenizer)
 
 cxx=""
 for c in clang++-14 clang++; do
@@ -50,21 +51,22 @@ if [ ! -f "$pb" ] || [ "$src/proto/fusedserve/v1/fusedserve.proto" -nt "$pb" ]; 
 fi
 
 libs=$(pkg-config --libs protobuf absl_status absl_statusor absl_strings absl_str_format absl_synchronization \
-  absl_time absl_hash prometheus-cpp-core prometheus-cpp-pull)
+  absl_time absl_hash absl_raw_hash_set prometheus-cpp-core prometheus-cpp-pull libpcre2-8 icu-uc)
 cflags="-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
   -fno-sanitize-recover=undefined -I$src -I$out/gen $(pkg-config --cflags protobuf absl_status)"
 
 # Library sources: request validation, the op vocabulary, the CPU reference
-# backend (run on every valid input) and the batcher's merge/split.
+# backend (run on every valid input), the batcher's merge/split, and the tokenizer.
 sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc telemetry/metrics.cc telemetry/log.cc
-  kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/ops/*.cc kernels/cpu/*.cc)
+  kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/ops/*.cc kernels/cpu/*.cc tokenizer/*.cc
+  warmup/regular_file.cc)
 objects=()
 pids=()
 for s in "${sources[@]}"; do
   o=$out/obj/$(echo "${s#"$src"/}" | tr '/' '_').o
   objects+=("$o")
   # Rebuild when the source or any header of the project changed.
-  if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ -n "$(find server kernels telemetry -name '*.h' -newer "$o" | head -1)" ]; then
+  if [ ! -f "$o" ] || [ "$s" -nt "$o" ] || [ -n "$(find server kernels telemetry tokenizer warmup -name '*.h' -newer "$o" | head -1)" ]; then
     $cxx $cflags -w -c "$s" -o "$o" &
     pids+=($!)
     if [ ${#pids[@]} -ge "$jobs" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
@@ -85,6 +87,13 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus"
   if [ "$t" = fuzz_fused_op ] && [ -z "$(ls -A "$corpus")" ]; then
     FUSEDSERVE_FUZZ_WRITE_SEEDS=$corpus "$bin" -runs=0 >/dev/null 2>&1 || true
+  fi
+  if [ "$t" = fuzz_tokenizer ] && [ -z "$(ls -A "$corpus")" ]; then
+    # First byte: which tokenizer (and bit 2: add special tokens); then text.
+    printf '\x00Hello world <|eot|> caf\xc3\xa9 \xf0\x9f\x98\x80' >"$corpus/seed0"
+    printf "\x01It's   <|eot|>  123456\n\n\xe4\xb8\xad" >"$corpus/seed1"
+    printf '\x02hi h\xc3\xa9 <s>x</s>' >"$corpus/seed2"
+    printf '\x07  hi  \xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb' >"$corpus/seed3"
   fi
   log=$out/$t.log
   echo "run_fuzz: $t for ${per_target} s (corpus $corpus)"

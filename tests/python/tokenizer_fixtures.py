@@ -244,6 +244,9 @@ VARIANTS = {
     "mistral-never": ("mistral", lambda j: j["pre_tokenizer"].update(prepend_scheme="never")),
     "mistral-split": ("mistral", lambda j: j["pre_tokenizer"].update(split=True)),
     "mistral-nfc": ("mistral", lambda j: j.update(normalizer={"type": "NFC"})),
+    "llama2-bos-eos": ("llama2", lambda j: (
+        j["post_processor"]["single"].append({"SpecialToken": {"id": "</s>", "type_id": 0}}),
+        j["post_processor"]["special_tokens"].update({"</s>": {"id": "</s>", "ids": [2], "tokens": ["</s>"]}}))),
 }
 
 

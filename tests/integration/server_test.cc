@@ -300,7 +300,16 @@ TEST(ServerShutdown, SigtermDrainsInFlightRequests) {
       return st;
     }));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // let them arrive
+  // Let them all arrive (on a loaded machine that can take a while): two
+  // run on the workers, the rest wait in the queue. Each runs long enough
+  // (0.5 GFLOP) that this state lasts well past one poll.
+  const std::string queued = "fusedserve_queue_depth{op=\"linear\"} " + std::to_string(kInFlight - 2);
+  bool arrived = false;
+  for (int i = 0; i < 2500 && !arrived; ++i) {
+    arrived = HttpGet(server->metrics_port(), "/metrics").find(queued) != std::string::npos;
+    if (!arrived) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(arrived) << "the requests never all waited at once:\n" << server->Log();
   server->Signal(SIGTERM);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   {

@@ -12,7 +12,8 @@
 // by the LM head, the K/V of B x ctx positions over all layers) at the
 // device-to-device copy bandwidth measured in the same run (read + write),
 // as in PEERS.md. Medians of 50 steps after 5 warm-up steps.
-// FS_BENCH=decode|engine|8b|gemm: that section only.
+//   1b. prefill steps of the 1B model: B = 1, 4 prompts of 512 and 2048 tokens.
+// FS_BENCH=decode|prefill|engine|8b|gemm: that section only.
 // FS_PROFILE=1: only one warm 1B decode step at B=1 and B=16 (ctx 2048)
 // between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
 #include <cuda_profiler_api.h>
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -136,6 +138,26 @@ void DecodeTable(const ModelConfig& c, double bw) {
       std::printf("%4ld %6ld %10.3f %10.3f %7.1f%% %10.0f\n", static_cast<long>(B), static_cast<long>(ctx), med,
                   floor_ms, 100.0 * floor_ms / med, B / (med * 1e-3));
     }
+  }
+}
+
+// Prefill steps of the 1B model: B prompts of S tokens from position 0 in
+// one Forward (flash attention, the GEMMs at M = B*S rows), what a prompt's
+// time to first token costs on the device.
+void PrefillTable(const ModelConfig& c) {
+  const int64_t bs = 16, max_s = 2048, per_seq = max_s / bs + 1;
+  std::unique_ptr<ModelRunner> r = MakeRunner(c, 8192, 4 * per_seq + 16, bs);
+  std::printf("\n1b. prefill step, %s (one Forward from position 0)\n", c.name.c_str());
+  std::printf("%4s %6s %10s %10s\n", "B", "S", "step_ms", "TFLOP/s");
+  const double params = static_cast<double>(c.NumParameters()) - static_cast<double>(c.vocab) * c.hidden;
+  for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 512}, {1, 2048}, {4, 512}, {4, 2048}}) {
+    Batch batch(B, 0, S, per_seq, c.vocab);
+    const double med = MedianForwardMs(*r, batch.seqs, 20);
+    // GEMM work of B*S rows (LM head on B rows) and causal attention.
+    const double flops =
+        2.0 * B * S * params + 2.0 * B * c.vocab * c.hidden + 4.0 * B * S * S / 2 * c.q_dim() * c.layers;
+    std::printf("%4ld %6ld %10.3f %10.0f\n", static_cast<long>(B), static_cast<long>(S), med,
+                flops / (med * 1e-3) / 1e12);
   }
 }
 
@@ -295,6 +317,7 @@ int Main() {
   const char* only = std::getenv("FS_BENCH");  // e.g. FS_BENCH=gemm runs only that section
   const std::string sel = only == nullptr ? "" : only;
   if (sel.empty() || sel == "decode") DecodeTable(c, bw);
+  if (sel.empty() || sel == "prefill") PrefillTable(c);
   if (sel.empty() || sel == "engine") EngineTable(c, bw);
   if (sel.empty() || sel == "8b") Layer8bTable(bw);
   if (sel.empty() || sel == "gemm") GemmAlgoTable(c, bw);

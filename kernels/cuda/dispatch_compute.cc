@@ -1,9 +1,12 @@
 // Dispatch of the compute-bound ops (linear, swiglu_mlp, attention,
 // attention_decode) to their launchers, and their tunable candidates.
 // Shapes come from the device tensors; the host request supplies attributes
-// and the host copies of seq_lens (for the longest sequence). Configs:
-//   linear            "algo=i" (i-th cuBLASLt heuristic algorithm) | "gemv"
-//   swiglu_mlp        "path=gemm" (cuBLASLt, SwiGLU kernel, cuBLASLt) | "path=gemv"
+// and the host copies of seq_lens (for the longest sequence). Configs (the
+// linear, swiglu_mlp and attention launches for a config are in
+// tuned_configs.h, which the model runner calls too):
+//   linear            "algo=i" (i-th cuBLASLt heuristic algorithm) | "gemv" | "skinny"
+//   swiglu_mlp        "path=gemm" (linear, SwiGLU kernel) | "path=gemv" | "path=skinny"
+//                     (fused gate); the GEMMs run linear's configs for their keys
 //   attention         "bm=128,w=4" | "bm=64,w=4" | "bm=128,w=8" (query rows, warps per CTA)
 //   attention_decode  "splits=auto" | "splits=N" (KV-length splits)
 // An empty config means the built-in rule for the shape; a config that cannot
@@ -17,16 +20,11 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/tuned_configs.h"
 
 namespace fusedserve {
 namespace {
-
-// Up to this many rows the GEMV path is the default. Measured on the H100
-// (bench/gpu_compute_bench.cc): swiglu_mlp M=1 D=4096 I=14336 129-131 us
-// through the fused SwiGLU GEMV against 131-132 us for cuBLASLt's two GEMMs
-// alone. Above M=4 the FMA work per weight byte grows and cuBLASLt's
-// tensor-core kernels take over; the tuner may still pick "gemv" up to M=8.
-constexpr int64_t kGemvAutoMaxM = 4;
 
 // Value of "name=value" in a config string, or "" when absent.
 std::string ConfigValue(const std::string& config, const std::string& name) {
@@ -75,11 +73,7 @@ CudaStatus RunLinear(const OpRequest& host, const DeviceTensorMap& in, const Dev
   g.bias = bias ? bias->data : nullptr;
   g.y = out.at("y").data;
   g.act = ParseActivation(host.s("activation"));
-  const std::string config = Config(ctx, host, g.dtype);
-  const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
-  const bool use_gemv = gemv_ok && (config == "gemv" || (config.empty() && g.M <= kGemvAutoMaxM));
-  if (use_gemv) return LaunchGemv(g, ctx.stream);
-  return GemmForward(g, ParseInt(ConfigValue(config, "algo"), 0), ctx.stream);
+  return LaunchLinearConfig(g, Config(ctx, host, g.dtype), ctx.stream);
 }
 
 CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
@@ -92,30 +86,23 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
   void* y = out.at("y").data;
   if (M == 0 || D == 0) return CudaStatus::Ok();
   if (ctx.scratch == nullptr) return CudaStatus::Error("swiglu_mlp: no scratch memory");
-  const std::string path = ConfigValue(Config(ctx, host, dt), "path");
-  const bool gemv_ok = GemvSupported(dt, M, D, x.data, gate_up.data);
-  const bool use_gemv = gemv_ok && (path == "gemv" || (path.empty() && M <= kGemvAutoMaxM));
+  const std::string config = Config(ctx, host, dt);
+  // The GEMMs run linear's tuned configs for their own keys, as in the model.
+  auto linear_config = [&](const std::vector<int64_t>& key) {
+    return ctx.config ? ctx.config("linear", dt, key) : std::string();
+  };
+  const bool need_gu = SwigluGateNeedsScratch(dt, M, D, I, x.data, gate_up.data, config);
   const size_t es = DTypeSize(dt);
   const size_t h_bytes = AlignUp(static_cast<size_t>(M) * I * es);
-  const size_t gu_bytes = use_gemv ? 0 : AlignUp(static_cast<size_t>(M) * 2 * I * es);
+  const size_t gu_bytes = need_gu ? AlignUp(static_cast<size_t>(M) * 2 * I * es) : 0;
   void* scratch = nullptr;
   if (CudaStatus s = ctx.scratch->Get(std::max<size_t>(h_bytes + gu_bytes, 256), &scratch); !s.ok()) return s;
-  void* h = scratch;  // [M,I]
-  if (use_gemv) {
-    if (CudaStatus s = LaunchGemvSwiglu(dt, M, D, I, x.data, gate_up.data, h, ctx.stream); !s.ok()) return s;
-  } else {
-    void* gu = static_cast<char*>(scratch) + h_bytes;  // [M,2I]
-    GemmArgs g1;
-    g1.dtype = dt;
-    g1.M = M;
-    g1.N = 2 * I;
-    g1.K = D;
-    g1.x = x.data;
-    g1.w = gate_up.data;
-    g1.y = gu;
-    if (CudaStatus s = GemmForward(g1, 0, ctx.stream); !s.ok()) return s;
-    if (CudaStatus s = LaunchMlpSiluAndMul(dt, M, I, gu, h, ctx.stream); !s.ok()) return s;
-  }
+  void* h = scratch;                                                     // [M,I]
+  void* gu = need_gu ? static_cast<char*>(scratch) + h_bytes : nullptr;  // [M,2I]
+  if (CudaStatus s =
+          LaunchSwigluGate(dt, M, D, I, x.data, gate_up.data, h, gu, config, linear_config({M, 2 * I, D}), ctx.stream);
+      !s.ok())
+    return s;
   GemmArgs g2;
   g2.dtype = dt;
   g2.M = M;
@@ -124,10 +111,7 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
   g2.x = h;
   g2.w = down.data;
   g2.y = y;
-  if (use_gemv && GemvSupported(dt, M, I, h, down.data)) {
-    return LaunchGemv(g2, ctx.stream);
-  }
-  return GemmForward(g2, 0, ctx.stream);
+  return LaunchLinearConfig(g2, linear_config({M, D, I}), ctx.stream);
 }
 
 CudaStatus RunAttention(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
@@ -150,15 +134,7 @@ CudaStatus RunAttention(const OpRequest& host, const DeviceTensorMap& in, const 
   for (int64_t l : lens) a.max_seqlen = std::max<int>(a.max_seqlen, static_cast<int>(l));
   a.causal = host.b("causal");
   a.scale = static_cast<float>(AttentionScale(host));
-  const std::string config = Config(ctx, host, a.dtype);
-  int block_m = ParseInt(ConfigValue(config, "bm"), 0);
-  int warps = ParseInt(ConfigValue(config, "w"), 4);
-  const bool known = (block_m == 128 && (warps == 4 || warps == 8)) || (block_m == 64 && warps == 4);
-  if (!known) {
-    block_m = DefaultPrefillBlockM(a, ctx.sm_count);
-    warps = 4;
-  }
-  return LaunchAttentionPrefill(a, block_m, warps, ctx.stream);
+  return LaunchAttentionConfig(a, Config(ctx, host, a.dtype), ctx.sm_count, ctx.stream);
 }
 
 CudaStatus RunAttentionDecode(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
@@ -192,6 +168,79 @@ CudaStatus RunAttentionDecode(const OpRequest& host, const DeviceTensorMap& in, 
 
 }  // namespace
 
+CudaStatus LaunchLinearConfig(const GemmArgs& g, const std::string& config, cudaStream_t stream) {
+  const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
+  // The skinny GEMM has no epilogue.
+  const bool skinny_ok =
+      g.bias == nullptr && g.act == Activation::kNone && SkinnyGemmSupported(g.dtype, g.M, g.N, g.K, g.x, g.w);
+  if (config == "gemv" && gemv_ok) return LaunchGemv(g, stream);
+  if (config == "skinny" && skinny_ok) return LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+  const std::string algo = ConfigValue(config, "algo");
+  if (algo.empty()) {  // the built-in rule
+    if (gemv_ok && g.M <= kGemvAutoMaxM) return LaunchGemv(g, stream);
+    if (skinny_ok) return LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+  }
+  return GemmForward(g, ParseInt(algo, 0), stream);
+}
+
+namespace {
+
+enum class SwigluPath { kGemm, kGemv, kSkinny };
+
+SwigluPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                            const std::string& config) {
+  const bool gemv_ok = GemvSupported(dt, M, D, x, gate_up);
+  const bool skinny_ok = SkinnyGemmSupported(dt, M, I, D, x, gate_up);
+  const std::string path = ConfigValue(config, "path");
+  if (path == "gemv" && gemv_ok) return SwigluPath::kGemv;
+  if (path == "skinny" && skinny_ok) return SwigluPath::kSkinny;
+  if (path == "gemm") return SwigluPath::kGemm;
+  if (gemv_ok && M <= kGemvAutoMaxM) return SwigluPath::kGemv;
+  return skinny_ok ? SwigluPath::kSkinny : SwigluPath::kGemm;
+}
+
+}  // namespace
+
+bool SwigluGateNeedsScratch(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                            const std::string& config) {
+  return ChooseSwigluPath(dtype, M, D, I, x, gate_up, config) == SwigluPath::kGemm;
+}
+
+CudaStatus LaunchSwigluGate(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                            void* gu, const std::string& config, const std::string& gate_up_config,
+                            cudaStream_t stream) {
+  switch (ChooseSwigluPath(dt, M, D, I, x, gate_up, config)) {
+    case SwigluPath::kGemv:
+      return LaunchGemvSwiglu(dt, M, D, I, x, gate_up, h, stream);
+    case SwigluPath::kSkinny:
+      return LaunchSkinnySwiglu(dt, M, D, I, x, gate_up, h, stream);
+    case SwigluPath::kGemm:
+      break;
+  }
+  if (gu == nullptr) return CudaStatus::Error("swiglu: the GEMM path needs gate_up scratch");
+  GemmArgs g;
+  g.dtype = dt;
+  g.M = M;
+  g.N = 2 * I;
+  g.K = D;
+  g.x = x;
+  g.w = gate_up;
+  g.y = gu;
+  if (CudaStatus s = LaunchLinearConfig(g, gate_up_config, stream); !s.ok()) return s;
+  return LaunchMlpSiluAndMul(dt, M, I, gu, h, stream);
+}
+
+CudaStatus LaunchAttentionConfig(const AttentionArgs& a, const std::string& config, int sm_count, cudaStream_t stream) {
+  int block_m = ParseInt(ConfigValue(config, "bm"), 0);
+  int warps = ParseInt(ConfigValue(config, "w"), 4);
+  const bool known = (block_m == 128 && (warps == 4 || warps == 8)) || (block_m == 64 && warps == 4);
+  if (!known) {
+    block_m = DefaultPrefillBlockM(a, sm_count);
+    warps = 4;
+  }
+  return LaunchAttentionPrefill(a, block_m, warps, stream);
+}
+
 CudaStatus RunComputeOp(const OpRequest& host, const DeviceTensorMap& in, const DeviceTensorMap& out,
                         DispatchContext& ctx, bool* handled) {
   *handled = true;
@@ -203,6 +252,15 @@ CudaStatus RunComputeOp(const OpRequest& host, const DeviceTensorMap& in, const 
   return CudaStatus::Ok();
 }
 
+namespace {
+
+// The skinny GEMM's shape rules (skinny_gemm.h), pointers aside.
+bool SkinnyCandidate(DType dtype, int64_t M, int64_t N, int64_t K) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && M >= 1 && M <= kSkinnyMaxM && N % 16 == 0 && K % 32 == 0;
+}
+
+}  // namespace
+
 std::vector<std::string> ComputeCandidates(const std::string& op, DType dtype, const std::vector<int64_t>& key) {
   const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
   if (op == "linear" && key.size() == 3) {
@@ -211,11 +269,13 @@ std::vector<std::string> ComputeCandidates(const std::string& op, DType dtype, c
     const int n = std::max(1, GemmAlgoCount(dtype, M, N, K));
     for (int i = 0; i < n; ++i) c.push_back("algo=" + std::to_string(i));
     if (M >= 1 && M <= kGemvMaxM && K % vec == 0) c.push_back("gemv");
+    if (SkinnyCandidate(dtype, M, N, K)) c.push_back("skinny");
     return c;
   }
   if (op == "swiglu_mlp" && key.size() == 3) {
     std::vector<std::string> c = {"path=gemm"};
     if (key[0] >= 1 && key[0] <= kGemvMaxM && key[1] % vec == 0) c.push_back("path=gemv");
+    if (SkinnyCandidate(dtype, key[0], key[2], key[1])) c.push_back("path=skinny");
     return c;
   }
   if (op == "attention") {

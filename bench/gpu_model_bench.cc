@@ -14,6 +14,7 @@
 // as in PEERS.md. Medians of 50 steps after 5 warm-up steps.
 //   1b. prefill steps of the 1B model: B = 1, 4 prompts of 512 and 2048 tokens.
 // FS_BENCH=decode|prefill|engine|8b|gemm: that section only.
+// FS_TUNE=1: runners on tuned configs (the model's envelope tuned first).
 // FS_PROFILE=1: only one warm 1B decode step at B=1 and B=16 (ctx 2048)
 // between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
 #include <cuda_profiler_api.h>
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,18 +34,62 @@
 #include "engine/engine.h"
 #include "kernels/cuda/gemm.h"
 #include "model/cuda_runner.h"
+#include "model/kernel_shapes.h"
 #include "model/weights.h"
+#include "nlohmann/json.hpp"
+#include "warmup/tuning_cache.h"
+#include "warmup/warmup.h"
 
 namespace fusedserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// FS_TUNE=1: the runners read tuned configs, as in the server: the model's
+// own envelope (model/kernel_shapes.h) is tuned first into a cache file
+// shared by every runner of the run (FS_TUNE_CACHE, default
+// /tmp/fs_model_bench_tuning.json), then each runner gets a counted lookup.
+bool Tuned() {
+  const char* t = std::getenv("FS_TUNE");
+  return t != nullptr && t[0] == '1';
+}
+
+std::vector<std::unique_ptr<TuningService>> g_services;  // alive as long as their runners
+
+ConfigLookup TuneModel(const ModelConfig& c, int64_t max_tokens, int64_t max_seqs) {
+  const char* path = std::getenv("FS_TUNE_CACHE");
+  const std::string envelope_path = "/tmp/fs_model_bench_envelope.json";
+  nlohmann::json env = nlohmann::json::array();
+  for (const EnvelopeEntry& e : ModelEnvelope(c, max_tokens, max_seqs)) {
+    env.push_back({{"op", e.op}, {"dtype", DTypeFileName(e.dtype)}, {"key", e.key}});
+  }
+  std::ofstream(envelope_path) << env.dump();
+  WarmupOptions o;
+  o.cache_path = path != nullptr ? path : "/tmp/fs_model_bench_tuning.json";
+  o.envelope_path = envelope_path;
+  absl::StatusOr<std::unique_ptr<TuningService>> s = TuningService::Create(o);
+  if (!s.ok()) {
+    std::printf("tuning: %s\n", std::string(s.status().message()).c_str());
+    std::exit(1);
+  }
+  if (absl::Status st = (*s)->Warmup(nullptr, nullptr); !st.ok()) {
+    std::printf("tuning: %s\n", std::string(st.message()).c_str());
+    std::exit(1);
+  }
+  const WarmupReport r = (*s)->report();
+  std::printf("tuning %s: envelope of %zu entries, %lld in the cache, %lld tuned (%lld configs timed) in %.1f s\n",
+              c.name.c_str(), (*s)->envelope().size(), static_cast<long long>(r.hits), static_cast<long long>(r.misses),
+              static_cast<long long>(r.benchmarks), r.seconds);
+  g_services.push_back(*std::move(s));
+  return g_services.back()->counted_lookup();
+}
+
 std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens, int64_t kv_blocks, int64_t bs) {
   CudaModelRunnerOptions o;
   o.max_tokens = max_tokens;
   o.max_seqs = 64;
   o.max_graph_batch = 64;
+  if (Tuned()) o.tuned = TuneModel(c, max_tokens, o.max_seqs);
   absl::StatusOr<std::unique_ptr<ModelRunner>> made = MakeCudaModelRunner(ModelWeights::Random(c, 1), o);
   if (!made.ok()) {
     std::printf("runner: %s\n", std::string(made.status().message()).c_str());
@@ -54,6 +100,11 @@ std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens
       std::printf("kv cache: %s\n", std::string(s.message()).c_str());
       std::exit(1);
     }
+  }
+  if (Tuned()) {
+    const LookupCounts n = g_services.back()->counts();
+    std::printf("runner: %lld of %lld kernel shape buckets read tuned configs from the cache\n",
+                static_cast<long long>(n.hits), static_cast<long long>(n.keys));
   }
   return std::move(*made);
 }

@@ -6,7 +6,10 @@ the two can run side by side in one lease:
   swiglu_mlp   M=4096 D=4096 I=14336  eager (gate_up GEMM, silu * up, down GEMM) and torch.compile
 Also prints the cuBLAS kernels torch launches for them (torch.profiler) and
 the cuBLAS library torch loaded.
-Usage: python3 torch_gemm_peer.py [--no-compile]
+Inputs: --data full (default): uniform [-1, 1) drawn in fp32 and rounded to
+bf16, as gpu_compute_bench's; --data torch: torch.rand(dtype=bfloat16) * 2 - 1,
+multiples of 2^-7, on which tensor cores draw less power and GEMMs run faster.
+Usage: python3 torch_gemm_peer.py [--no-compile] [--data full|torch]
 """
 import glob
 import os
@@ -18,8 +21,13 @@ import torch.nn.functional as F
 ITERS = 30
 
 
+COARSE = "--data" in sys.argv and sys.argv[sys.argv.index("--data") + 1] == "torch"
+
+
 def rand(*shape):
-    return torch.rand(*shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    if COARSE:
+        return torch.rand(*shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(torch.bfloat16)
 
 
 def time_us(fn, iters=ITERS):
@@ -59,7 +67,8 @@ def kernels(fn):
 
 
 def main():
-    print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())
+    print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(),
+          "data", "torch.rand(bf16)*2-1" if COARSE else "uniform [-1, 1) in fp32 -> bf16")
     libs = sorted(set(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "**", "libcublasLt.so*"),
                                 recursive=True)))
     print("torch cublasLt libraries:", [os.path.realpath(p) for p in libs])
@@ -76,7 +85,7 @@ def main():
         print("   kernels:", kernels(fn))
 
     D, I = 4096, 14336
-    xs, gu, down = rand(M, D), rand(2 * I, D) * 0.02, rand(D, I) * 0.01
+    xs, gu, down = rand(M, D), rand(2 * I, D), rand(D, I)
 
     def swiglu():
         g = F.linear(xs, gu)

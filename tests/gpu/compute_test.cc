@@ -211,6 +211,8 @@ TEST_F(ComputeTest, LinearOddShapes) {
     for (auto [N, K] : {std::pair<int64_t, int64_t>{256, 512}, {1001, 520}, {1000, 517}, {7, 33}}) {
       std::vector<std::string> configs = {"", "algo=0", "algo=3"};
       if (M <= 8 && K % 8 == 0) configs.push_back("gemv");
+      // Where the skinny GEMM cannot run (N % 16, K % 32, M > 32) the rule does.
+      configs.push_back("skinny");
       CheckLinear(LinearRequest(DType::kBF16, M, N, K, "none", false, ++seed), configs);
     }
   }
@@ -221,7 +223,7 @@ TEST_F(ComputeTest, LinearEpilogues) {
   for (const char* act : {"none", "gelu", "gelu_tanh", "silu"}) {
     for (bool bias : {false, true}) {
       CheckLinear(LinearRequest(DType::kBF16, 17, 1001, 520, act, bias, ++seed), {"", "algo=1"});
-      CheckLinear(LinearRequest(DType::kBF16, 3, 1001, 520, act, bias, ++seed), {"gemv", "algo=0"});
+      CheckLinear(LinearRequest(DType::kBF16, 3, 1001, 520, act, bias, ++seed), {"gemv", "algo=0", "skinny"});
     }
   }
 }
@@ -252,12 +254,13 @@ void CheckSwiglu(DType dt, int64_t M, int64_t D, int64_t I, uint64_t seed, const
 TEST_F(ComputeTest, SwigluMlp) {
   uint64_t seed = 400;
   for (int64_t M : {1, 3, 17, 300}) {
-    std::vector<std::string> configs = {"", "path=gemm"};
+    std::vector<std::string> configs = {"", "path=gemm", "path=skinny"};
     if (M <= 8) configs.push_back("path=gemv");
     CheckSwiglu(DType::kBF16, M, 256, 688, ++seed, configs);
     CheckSwiglu(DType::kBF16, M, 264, 500, ++seed, configs);
   }
-  CheckSwiglu(DType::kF16, 5, 512, 1376, 450, {"path=gemm", "path=gemv"});
+  CheckSwiglu(DType::kF16, 5, 512, 1376, 450, {"path=gemm", "path=gemv", "path=skinny"});
+  CheckSwiglu(DType::kBF16, 32, 512, 1376, 452, {"", "path=skinny"});
   CheckSwiglu(DType::kF32, 7, 128, 344, 451, {"path=gemm", "path=gemv"});
 }
 

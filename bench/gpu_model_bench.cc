@@ -105,6 +105,19 @@ std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens
     const LookupCounts n = g_services.back()->counts();
     std::printf("runner: %lld of %lld kernel shape buckets read tuned configs from the cache\n",
                 static_cast<long long>(n.hits), static_cast<long long>(n.keys));
+    // What the decode buckets run (the built-in rule: GEMV <= 4 rows, skinny <= 32, algo=0 beyond).
+    const ConfigLookup lookup = g_services.back()->lookup();
+    const char* names[kModelKernels] = {"input_norm", "add_norm", "qkv",       "o_proj", "swiglu",
+                                        "gate_up",    "down",     "attention", "lm_head"};
+    for (int64_t m : {1, 16, 64}) {
+      std::printf("  M=%-3ld", static_cast<long>(m));
+      for (int k = 0; k < kModelKernels; ++k) {
+        const ModelKernelKey key = KeyOfModelKernel(c, static_cast<ModelKernel>(k), m);
+        const std::string config = lookup(key.op, c.dtype, key.key);
+        std::printf(" %s=%s", names[k], config.empty() ? "-" : config.c_str());
+      }
+      std::printf("\n");
+    }
   }
   return std::move(*made);
 }

@@ -12,7 +12,9 @@
 // by the LM head, the K/V of B x ctx positions over all layers) at the
 // device-to-device copy bandwidth measured in the same run (read + write),
 // as in docs/peers.md. Medians of 50 steps after 5 warm-up steps.
-// FS_BENCH=decode|engine|8b|gemm: that section only.
+//   1b. prefill steps of the 1B model: B = 1, 4 prompts of 512 and 2048 tokens.
+// FS_BENCH=decode|prefill|engine|8b|gemm: that section only.
+// FS_TUNE=1: runners on tuned configs (the model's envelope tuned first).
 // FS_PROFILE=1: only one warm 1B decode step at B=1 and B=16 (ctx 2048)
 // between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
 #include <cuda_profiler_api.h>
@@ -22,7 +24,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -30,18 +34,62 @@
 #include "engine/engine.h"
 #include "kernels/cuda/gemm.h"
 #include "model/cuda_runner.h"
+#include "model/kernel_shapes.h"
 #include "model/weights.h"
+#include "nlohmann/json.hpp"
+#include "warmup/tuning_cache.h"
+#include "warmup/warmup.h"
 
 namespace fusedserve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// FS_TUNE=1: the runners read tuned configs, as in the server: the model's
+// own envelope (model/kernel_shapes.h) is tuned first into a cache file
+// shared by every runner of the run (FS_TUNE_CACHE, default
+// /tmp/fs_model_bench_tuning.json), then each runner gets a counted lookup.
+bool Tuned() {
+  const char* t = std::getenv("FS_TUNE");
+  return t != nullptr && t[0] == '1';
+}
+
+std::vector<std::unique_ptr<TuningService>> g_services;  // alive as long as their runners
+
+ConfigLookup TuneModel(const ModelConfig& c, int64_t max_tokens, int64_t max_seqs) {
+  const char* path = std::getenv("FS_TUNE_CACHE");
+  const std::string envelope_path = "/tmp/fs_model_bench_envelope.json";
+  nlohmann::json env = nlohmann::json::array();
+  for (const EnvelopeEntry& e : ModelEnvelope(c, max_tokens, max_seqs)) {
+    env.push_back({{"op", e.op}, {"dtype", DTypeFileName(e.dtype)}, {"key", e.key}});
+  }
+  std::ofstream(envelope_path) << env.dump();
+  WarmupOptions o;
+  o.cache_path = path != nullptr ? path : "/tmp/fs_model_bench_tuning.json";
+  o.envelope_path = envelope_path;
+  absl::StatusOr<std::unique_ptr<TuningService>> s = TuningService::Create(o);
+  if (!s.ok()) {
+    std::printf("tuning: %s\n", std::string(s.status().message()).c_str());
+    std::exit(1);
+  }
+  if (absl::Status st = (*s)->Warmup(nullptr, nullptr); !st.ok()) {
+    std::printf("tuning: %s\n", std::string(st.message()).c_str());
+    std::exit(1);
+  }
+  const WarmupReport r = (*s)->report();
+  std::printf("tuning %s: envelope of %zu entries, %lld in the cache, %lld tuned (%lld configs timed) in %.1f s\n",
+              c.name.c_str(), (*s)->envelope().size(), static_cast<long long>(r.hits), static_cast<long long>(r.misses),
+              static_cast<long long>(r.benchmarks), r.seconds);
+  g_services.push_back(*std::move(s));
+  return g_services.back()->counted_lookup();
+}
+
 std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens, int64_t kv_blocks, int64_t bs) {
   CudaModelRunnerOptions o;
   o.max_tokens = max_tokens;
   o.max_seqs = 64;
   o.max_graph_batch = 64;
+  if (Tuned()) o.tuned = TuneModel(c, max_tokens, o.max_seqs);
   absl::StatusOr<std::unique_ptr<ModelRunner>> made = MakeCudaModelRunner(ModelWeights::Random(c, 1), o);
   if (!made.ok()) {
     std::printf("runner: %s\n", std::string(made.status().message()).c_str());
@@ -51,6 +99,24 @@ std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens
     if (absl::Status s = (*made)->InitKvCache(kv_blocks, bs); !s.ok()) {
       std::printf("kv cache: %s\n", std::string(s.message()).c_str());
       std::exit(1);
+    }
+  }
+  if (Tuned()) {
+    const LookupCounts n = g_services.back()->counts();
+    std::printf("runner: %lld of %lld kernel shape buckets read tuned configs from the cache\n",
+                static_cast<long long>(n.hits), static_cast<long long>(n.keys));
+    // What the decode buckets run (the built-in rule: GEMV <= 4 rows, skinny <= 32, algo=0 beyond).
+    const ConfigLookup lookup = g_services.back()->lookup();
+    const char* names[kModelKernels] = {"input_norm", "add_norm", "qkv",       "o_proj", "swiglu",
+                                        "gate_up",    "down",     "attention", "lm_head"};
+    for (int64_t m : {1, 16, 64}) {
+      std::printf("  M=%-3ld", static_cast<long>(m));
+      for (int k = 0; k < kModelKernels; ++k) {
+        const ModelKernelKey key = KeyOfModelKernel(c, static_cast<ModelKernel>(k), m);
+        const std::string config = lookup(key.op, c.dtype, key.key);
+        std::printf(" %s=%s", names[k], config.empty() ? "-" : config.c_str());
+      }
+      std::printf("\n");
     }
   }
   return std::move(*made);
@@ -136,6 +202,26 @@ void DecodeTable(const ModelConfig& c, double bw) {
       std::printf("%4ld %6ld %10.3f %10.3f %7.1f%% %10.0f\n", static_cast<long>(B), static_cast<long>(ctx), med,
                   floor_ms, 100.0 * floor_ms / med, B / (med * 1e-3));
     }
+  }
+}
+
+// Prefill steps of the 1B model: B prompts of S tokens from position 0 in
+// one Forward (flash attention, the GEMMs at M = B*S rows), what a prompt's
+// time to first token costs on the device.
+void PrefillTable(const ModelConfig& c) {
+  const int64_t bs = 16, max_s = 2048, per_seq = max_s / bs + 1;
+  std::unique_ptr<ModelRunner> r = MakeRunner(c, 8192, 4 * per_seq + 16, bs);
+  std::printf("\n1b. prefill step, %s (one Forward from position 0)\n", c.name.c_str());
+  std::printf("%4s %6s %10s %10s\n", "B", "S", "step_ms", "TFLOP/s");
+  const double params = static_cast<double>(c.NumParameters()) - static_cast<double>(c.vocab) * c.hidden;
+  for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 512}, {1, 2048}, {4, 512}, {4, 2048}}) {
+    Batch batch(B, 0, S, per_seq, c.vocab);
+    const double med = MedianForwardMs(*r, batch.seqs, 20);
+    // GEMM work of B*S rows (LM head on B rows) and causal attention.
+    const double flops =
+        2.0 * B * S * params + 2.0 * B * c.vocab * c.hidden + 4.0 * B * S * S / 2 * c.q_dim() * c.layers;
+    std::printf("%4ld %6ld %10.3f %10.0f\n", static_cast<long>(B), static_cast<long>(S), med,
+                flops / (med * 1e-3) / 1e12);
   }
 }
 
@@ -295,6 +381,7 @@ int Main() {
   const char* only = std::getenv("FS_BENCH");  // e.g. FS_BENCH=gemm runs only that section
   const std::string sel = only == nullptr ? "" : only;
   if (sel.empty() || sel == "decode") DecodeTable(c, bw);
+  if (sel.empty() || sel == "prefill") PrefillTable(c);
   if (sel.empty() || sel == "engine") EngineTable(c, bw);
   if (sel.empty() || sel == "8b") Layer8bTable(bw);
   if (sel.empty() || sel == "gemm") GemmAlgoTable(c, bw);

@@ -10,9 +10,13 @@
 //               SwiGLU MLP, add_rms_norm -> final norm -> last-token rows ->
 //               LM head -> device argmax; the B token ids (and logits rows of
 //               sampled sequences) copied to the host for the engine.
-//   GEMMs       by token rows: <= 8 the GEMV (gemv.h), <= 32 the tensor-core
-//               skinny GEMM (skinny_gemm.h), more cuBLASLt; the SwiGLU gate
-//               is fused into the first two (cuBLASLt: + silu_and_mul).
+//   kernels     norms, GEMMs (linear), the SwiGLU gate (swiglu_mlp's path)
+//               and flash prefill run the op's launch for the config the
+//               tuning cache holds for the step's token bucket
+//               (tuned_configs.h; keys in kernel_shapes.h), the ops' built-in
+//               rule without one: GEMV up to 4 rows, the tensor-core skinny
+//               GEMM up to 32, cuBLASLt beyond; the gate is fused into the
+//               first two (cuBLASLt: + the SwiGLU kernel).
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
 //               step is larger; no device allocation per step otherwise.
 //   graphs      a step where every sequence decodes one token runs from a CUDA
@@ -25,20 +29,23 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
-#include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/tuned_configs.h"
+#include "model/kernel_shapes.h"
 
 namespace fusedserve {
 namespace {
@@ -240,6 +247,13 @@ class CudaModelRunner final : public ModelRunner {
     max_bt_width_ = std::max<int64_t>(1, (max_ctx + block_size - 1) / block_size);
     if (absl::Status status = Reserve(cap_tokens_, cap_seqs_); !status.ok()) return status;
     if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "KV cache init"); !status.ok()) return status;
+    // Every kernel's tuned configs for the buffers' token buckets, read now
+    // (the graphs bake them in).
+    for (int k = 0; k < kModelKernels; ++k) {
+      const ModelKernel kernel = static_cast<ModelKernel>(k);
+      if (kernel == ModelKernel::kAttention && !flash_ok_) continue;
+      Tuned(kernel, kernel == ModelKernel::kLmHead ? std::min(cap_seqs_, cap_tokens_) : cap_tokens_);
+    }
     if (o_.cuda_graphs)
       if (absl::Status status = CaptureGraphs(); !status.ok()) return status;
     return absl::OkStatus();
@@ -575,8 +589,21 @@ class CudaModelRunner final : public ModelRunner {
   uint8_t* KCache(int64_t l) const { return k_cache_.as<uint8_t>() + l * layer_slots_ * c_.kv_dim() * es_; }
   uint8_t* VCache(int64_t l) const { return v_cache_.as<uint8_t>() + l * layer_slots_ * c_.kv_dim() * es_; }
 
+  // The config of kernel k at M rows: the tuning cache's for M's bucket,
+  // looked up the first time that bucket is needed ("" without one).
+  const std::string& Tuned(ModelKernel k, int64_t M) {
+    std::vector<std::string>& v = tuned_[static_cast<int>(k)];
+    size_t bucket = 0;
+    while ((int64_t{1} << bucket) < M) ++bucket;
+    while (v.size() <= bucket) {
+      const ModelKernelKey key = KeyOfModelKernel(c_, k, int64_t{1} << v.size());
+      v.push_back(o_.tuned ? o_.tuned(key.op, dt_, key.key) : std::string());
+    }
+    return v[bucket];
+  }
+
   // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
-  absl::Status Linear(const void* x, const void* w, int64_t M, int64_t K, int64_t N, void* y) {
+  absl::Status Linear(ModelKernel k, const void* x, const void* w, int64_t M, int64_t K, int64_t N, void* y) {
     GemmArgs a;
     a.dtype = dt_;
     a.M = M;
@@ -585,11 +612,7 @@ class CudaModelRunner final : public ModelRunner {
     a.x = x;
     a.w = w;
     a.y = y;
-    if (GemvSupported(dt_, M, K, x, w)) return CudaToAbsl(LaunchGemv(a, stream_), "gemv");
-    if (SkinnyGemmSupported(dt_, M, N, K, x, w)) {
-      return CudaToAbsl(LaunchSkinnyGemm(dt_, M, N, K, x, w, y, stream_), "skinny gemm");
-    }
-    return CudaToAbsl(GemmForward(a, 0, stream_), "gemm");
+    return CudaToAbsl(LaunchLinearConfig(a, Tuned(k, M), stream_), "linear");
   }
 
   absl::Status Norm(cuda::NormKind kind, const void* x, const void* residual, const void* weight, int64_t rows, void* y,
@@ -605,7 +628,10 @@ class CudaModelRunner final : public ModelRunner {
     p.rows = rows;
     p.hidden = c_.hidden;
     p.eps = static_cast<float>(c_.rms_eps);
-    return CudaToAbsl(cuda::LaunchNorm(p, cuda::NormConfig{}, stream_), "rms_norm");
+    cuda::NormConfig config;  // unparsable or "": the launcher's default
+    cuda::ParseNormConfig(Tuned(kind == cuda::NormKind::kRms ? ModelKernel::kInputNorm : ModelKernel::kAddNorm, rows),
+                          &config);
+    return CudaToAbsl(cuda::LaunchNorm(p, config, stream_), "rms_norm");
   }
 
   // Enqueues the whole step (no host synchronisation: also what a graph holds).
@@ -622,7 +648,9 @@ class CudaModelRunner final : public ModelRunner {
             "last rows");
         !status.ok())
       return status;
-    if (absl::Status status = Linear(last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get()); !status.ok())
+    if (absl::Status status =
+            Linear(ModelKernel::kLmHead, last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get());
+        !status.ok())
       return status;
     return CudaToAbsl(
         cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(), stream_),
@@ -641,7 +669,8 @@ class CudaModelRunner final : public ModelRunner {
       return status;
     for (int64_t l = first; l < end; ++l) {
       const Layer& L = layers_[l];
-      if (absl::Status status = Linear(h_.get(), L.wqkv.get(), T, D, qkvd, qkv_.get()); !status.ok()) return status;
+      if (absl::Status status = Linear(ModelKernel::kQkv, h_.get(), L.wqkv.get(), T, D, qkvd, qkv_.get()); !status.ok())
+        return status;
       cuda::RopeKvParams rp;
       rp.dtype = dt_;
       rp.qkv = qkv_.get();
@@ -660,31 +689,21 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
         return status;
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
-      if (absl::Status status = Linear(ao_.get(), L.wo.get(), T, qd, D, tmp_.get()); !status.ok()) return status;
+      if (absl::Status status = Linear(ModelKernel::kOProj, ao_.get(), L.wo.get(), T, qd, D, tmp_.get()); !status.ok())
+        return status;
       if (absl::Status status = Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), L.mlp_norm.get(), T, h_.get(),
                                      x_[1 - cur].get());
           !status.ok())
         return status;
       cur = 1 - cur;
-      if (GemvSupported(dt_, T, D, h_.get(), L.gate_up.get())) {
-        if (absl::Status status = CudaToAbsl(
-                LaunchGemvSwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "gemv_swiglu");
-            !status.ok())
-          return status;
-      } else if (SkinnyGemmSupported(dt_, T, I, D, h_.get(), L.gate_up.get())) {
-        if (absl::Status status =
-                CudaToAbsl(LaunchSkinnySwiglu(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), stream_), "swiglu");
-            !status.ok())
-          return status;
-      } else {
-        if (absl::Status status = Linear(h_.get(), L.gate_up.get(), T, D, 2 * I, gu_.get()); !status.ok())
-          return status;
-        if (absl::Status status =
-                CudaToAbsl(LaunchMlpSiluAndMul(dt_, T, I, gu_.get(), act_.get(), stream_), "silu_and_mul");
-            !status.ok())
-          return status;
-      }
-      if (absl::Status status = Linear(act_.get(), L.down.get(), T, I, D, tmp_.get()); !status.ok()) return status;
+      if (absl::Status status =
+              CudaToAbsl(LaunchSwigluGate(dt_, T, D, I, h_.get(), L.gate_up.get(), act_.get(), gu_.get(),
+                                          Tuned(ModelKernel::kSwiglu, T), Tuned(ModelKernel::kGateUp, T), stream_),
+                         "swiglu");
+          !status.ok())
+        return status;
+      if (absl::Status status = Linear(ModelKernel::kDown, act_.get(), L.down.get(), T, I, D, tmp_.get()); !status.ok())
+        return status;
       // Next layer's input norm fused with the residual add (the final norm
       // after the last layer; outside Forward only the new residual is kept).
       const void* next_w = l + 1 < end ? layers_[l + 1].attn_norm.get() : final_norm_.get();
@@ -724,9 +743,8 @@ class CudaModelRunner final : public ModelRunner {
       a.D = Dh;
       a.causal = true;
       a.scale = scale;
-      if (absl::Status status =
-              CudaToAbsl(cuda::LaunchAttentionPrefill(a, cuda::DefaultAttentionConfig(a, sm_count_), stream_),
-                         "attention prefill");
+      if (absl::Status status = CudaToAbsl(
+              LaunchAttentionConfig(a, Tuned(ModelKernel::kAttention, st.T), sm_count_, stream_), "attention prefill");
           !status.ok())
         return status;
       if (st.block_layers) return absl::OkStatus();
@@ -852,6 +870,8 @@ class CudaModelRunner final : public ModelRunner {
   HostBuffer hidx_;
 
   std::map<int64_t, Graph> graphs_;
+  // Tuned configs per kernel, by token bucket (index log2 of the bucket).
+  std::array<std::vector<std::string>, kModelKernels> tuned_;
 };
 
 }  // namespace

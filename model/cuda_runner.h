@@ -1,7 +1,9 @@
 // The CUDA ModelRunner (cuda_runner.cc): weights on the device in the
 // model dtype, a paged KV cache in device memory, the forward step on the
 // project's kernels (norm.h, gemm.h, gemv.h, attention.h, paged_attention.h),
-// pure-decode steps replayed from CUDA graphs captured per batch bucket.
+// pure-decode steps replayed from CUDA graphs captured per batch bucket; the
+// norms, GEMMs, MLP gate and prefill attention launched through the same
+// entry points and tuned configs as the ops (tuned_configs.h).
 // Only built with CUDA (FUSEDSERVE_HAVE_CUDA).
 #pragma once
 
@@ -9,6 +11,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "kernels/op.h"
 #include "model/runner.h"
 
 namespace fusedserve {
@@ -24,6 +27,13 @@ struct CudaModelRunnerOptions {
   // max_graph_batch) in a CUDA graph when the KV cache is created.
   bool cuda_graphs = true;
   int64_t max_graph_batch = 64;
+  // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
+  // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is
+  // looked up once per token bucket: when the KV cache is created for the
+  // buckets up to max_tokens (the LM head up to max_seqs), so before the
+  // graphs are captured; larger steps look theirs up when they come.
+  // Empty: every kernel's built-in rule.
+  ConfigLookup tuned;
 };
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,

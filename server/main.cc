@@ -28,6 +28,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "model/kernel_shapes.h"
 #include "server/batcher.h"
 #include "server/lifecycle.h"
 #include "server/model_rpc.h"
@@ -159,9 +160,13 @@ std::optional<ModelConfig> HostedModelConfig() {
   return c.ok() ? std::optional<ModelConfig>(*c) : std::nullopt;
 }
 
+// The envelope of the hosted model: its own kernels at the engine's step
+// sizes and the FusedOp defaults at its dims, in its dtype.
 WarmupOptions WarmupOptionsFromFlags() {
   WarmupOptions o;
   if (std::optional<ModelConfig> m = HostedModelConfig()) {
+    o.dtype = m->dtype;
+    o.model_entries = ModelEnvelope(*m, absl::GetFlag(FLAGS_max_batched_tokens), absl::GetFlag(FLAGS_max_running));
     o.model_shapes.push_back({m->hidden, m->intermediate, m->q_heads, m->kv_heads, m->head_dim, m->vocab});
   }
   o.cache_path = absl::GetFlag(FLAGS_tuning_cache);
@@ -369,6 +374,8 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     CudaModelRunnerOptions cuda_options;
     cuda_options.device = absl::GetFlag(FLAGS_cuda_device);
     cuda_options.max_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+    cuda_options.max_seqs = absl::GetFlag(FLAGS_max_running);
+    cuda_options.tuned = (*tuning)->counted_lookup();
     runner = MakeCudaModelRunner(*std::move(weights), cuda_options);
     if (runner.ok() && kv_cache_blocks <= 0) {
       absl::StatusOr<int64_t> blocks =
@@ -390,30 +397,9 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     LogError("model: " + std::string(runner.status().message()));
     return 1;
   }
-  EngineOptions engine_options;
-  engine_options.kv_cache_blocks = kv_cache_blocks;
-  engine_options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  engine_options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  engine_options.max_running = absl::GetFlag(FLAGS_max_running);
-  engine_options.max_waiting = absl::GetFlag(FLAGS_max_waiting);
-  engine_options.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
-  engine_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
-  engine_options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
-  engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
-  engine_options.max_block_tokens = absl::GetFlag(FLAGS_max_block_tokens);
-  engine_options.max_queued_block_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
-  engine_options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(runner), &metrics, engine_options);
-  if (!engine.ok()) {
-    LogError("engine: " + std::string(engine.status().message()));
-    return 1;
-  }
-
   ServiceOptions service_options;
   service_options.limits = limits;
   FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
-  service.set_engine(engine->get());
-  service.set_text(text->get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -443,6 +429,37 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     // Without a warm backend the server must not report SERVING.
     LogError("warm-up failed: " + std::string(s.message()));
     return 1;
+  }
+  // The engine after the warm-up: creating its KV cache makes the CUDA
+  // runner read its kernels' tuned configs and capture its decode graphs.
+  EngineOptions engine_options;
+  engine_options.kv_cache_blocks = kv_cache_blocks;
+  engine_options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  engine_options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  engine_options.max_running = absl::GetFlag(FLAGS_max_running);
+  engine_options.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  engine_options.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+  engine_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  engine_options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  engine_options.max_block_tokens = absl::GetFlag(FLAGS_max_block_tokens);
+  engine_options.max_queued_block_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  engine_options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(runner), &metrics, engine_options);
+  if (!engine.ok()) {
+    LogError("engine: " + std::string(engine.status().message()));
+    return 1;
+  }
+
+  service.set_engine(engine->get());
+  service.set_text(text->get());
+  if ((*backend)->name() == "cuda") {
+    const LookupCounts counts = (*tuning)->counts();
+    std::string line = absl::StrCat("model kernels: ", counts.hits, " of ", counts.keys,
+                                    " shape buckets run tuned configs from the tuning cache");
+    if (!counts.missed.empty())
+      absl::StrAppend(&line, "; defaults for ", counts.missed.size(), " (first: ", counts.missed[0], ")");
+    LogInfo(line);
   }
   const WarmupReport report = (*tuning)->report();
   ExportWarmupReport(report, metrics);

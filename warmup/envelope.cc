@@ -91,17 +91,22 @@ std::vector<EnvelopeEntry> DefaultEnvelope(const WarmupOptions& o) {
   const int64_t max_bucket = RoundUpPow2(std::max<int64_t>(1, o.max_tokens));
   for (int64_t m = 1; m <= max_bucket; m *= 2) buckets.push_back(m);
 
-  std::vector<EnvelopeShape> shapes = {
-      {o.hidden_size, o.intermediate_size, o.num_q_heads, o.num_kv_heads, o.head_dim, o.vocab_size}};
+  std::vector<EnvelopeShape> shapes;
+  if (o.model_entries.empty() || o.model_shapes.empty()) {
+    shapes.push_back({o.hidden_size, o.intermediate_size, o.num_q_heads, o.num_kv_heads, o.head_dim, o.vocab_size});
+  }
   shapes.insert(shapes.end(), o.model_shapes.begin(), o.model_shapes.end());
   std::vector<EnvelopeEntry> env;
-  std::set<std::pair<std::string, std::vector<int64_t>>> seen;
+  std::set<std::string> seen;
+  auto add = [&](EnvelopeEntry e) {
+    e.key = BucketKey(e.op, e.key);
+    if (seen.insert(EntryId(e.op, e.dtype, e.key)).second) env.push_back(std::move(e));
+  };
+  for (const EnvelopeEntry& e : o.model_entries) add(e);
   for (const EnvelopeShape& shape : shapes) {
     std::vector<EnvelopeEntry> entries;
     AddShapeEntries(shape, o.dtype, buckets, &entries);
-    for (EnvelopeEntry& e : entries) {
-      if (seen.insert({e.op, e.key}).second) env.push_back(std::move(e));
-    }
+    for (EnvelopeEntry& e : entries) add(std::move(e));
   }
   return env;
 }

@@ -1,10 +1,12 @@
 // The shape envelope: which (op, dtype, shape bucket) entries the server
 // tunes and warms up at start.
 //
-// Default (no --envelope file): for the standard dims of WarmupOptions
-// (Llama-3-8B's) and then each of options.model_shapes (the hosted model's),
-// dtype options.dtype, token buckets M = 1, 2, 4, ... RoundUpPow2(max_tokens),
-// without repeating an entry:
+// Default (no --envelope file): options.model_entries (the hosted model's
+// own kernels, model/kernel_shapes.h), then the FusedOp entries below for
+// each of options.model_shapes (and for the standard dims of WarmupOptions,
+// Llama-3-8B's, only when model_entries or model_shapes is empty), dtype options.dtype,
+// token buckets M = 1, 2, 4, ... RoundUpPow2(max_tokens), without repeating
+// an entry:
 //   rms_norm, add_rms_norm, add_rms_norm_silu, layer_norm  {M, hidden}
 //   silu_and_mul {M, intermediate}   gelu {M, intermediate}   softmax {M, vocab}
 //   rope {M, Hq, Hkv, D}

@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -66,6 +68,19 @@ class TuningServiceImpl : public TuningService {
     };
   }
 
+  ConfigLookup counted_lookup() override {
+    std::shared_ptr<TuningCache> cache = cache_;
+    std::shared_ptr<Counter> counter = counter_;
+    return [cache, counter](const std::string& op, DType dtype, const std::vector<int64_t>& key) {
+      const std::vector<int64_t> bucket = BucketKey(op, key);
+      std::optional<TuningEntry> e = cache->Find(op, dtype, bucket);
+      counter->Count(EntryId(op, dtype, bucket), e.has_value());
+      return e ? e->config : std::string();
+    };
+  }
+
+  LookupCounts counts() const override { return counter_->Get(); }
+
   absl::Status Warmup(Backend* backend, const std::function<void(const std::string&)>& log_fn) override;
 
   WarmupReport report() const override {
@@ -87,6 +102,30 @@ class TuningServiceImpl : public TuningService {
   const std::shared_ptr<TuningCache> cache_;
   const std::unique_ptr<Tuner> tuner_;
   const TuningServiceInternals internals_;
+  // Distinct keys asked through counted_lookup().
+  class Counter {
+   public:
+    void Count(const std::string& id, bool hit) {
+      absl::MutexLock l(&mu_);
+      if (!seen_.insert(id).second) return;
+      ++counts_.keys;
+      if (hit) {
+        ++counts_.hits;
+      } else {
+        counts_.missed.push_back(id);
+      }
+    }
+    LookupCounts Get() const {
+      absl::MutexLock l(&mu_);
+      return counts_;
+    }
+
+   private:
+    mutable absl::Mutex mu_;
+    std::set<std::string> seen_ ABSL_GUARDED_BY(mu_);
+    LookupCounts counts_ ABSL_GUARDED_BY(mu_);
+  };
+  const std::shared_ptr<Counter> counter_ = std::make_shared<Counter>();
   absl::Mutex warmup_mu_;  // one Warmup at a time
   mutable absl::Mutex mu_;
   WarmupReport report_ ABSL_GUARDED_BY(mu_);

@@ -1,21 +1,29 @@
 // The linear op's kernel choice (dispatch in linear_op.cc): cuBLASLt with one
-// of its heuristic's algorithms, or the bandwidth-bound GEMV for few rows
-// (gemv.h). Format "p0.a3" (kernels/cuda/config.h): p = path, a = the
-// cuBLASLt algorithm index (0 on the GEMV path).
+// of its heuristic's algorithms, the bandwidth-bound GEMV for few rows
+// (gemv.h), or the tensor-core skinny GEMM for a few more (skinny_gemm.h).
+// Format "p0.a3" (kernels/cuda/config.h): p = path, a = the cuBLASLt
+// algorithm index (0 on the other paths). The launches here are shared by the
+// op dispatch and the model runner (through tuned_configs.h), so a tuned
+// shape runs the same kernel whichever of the two calls it.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/dtype.h"
 
 namespace fusedserve::cuda {
 
 enum class LinearPath : int {
-  kDefault = -1,  // not set: GEMV up to kGemvAutoMaxM rows, else cuBLASLt algorithm 0
+  kDefault = -1,  // not set: the built-in rule (LaunchLinear)
   kGemm = 0,      // cuBLASLt (gemm.h)
   kGemv = 1,      // gemv.h; falls back to the default where GEMV cannot run
+  kSkinny = 2,    // skinny_gemm.h (no epilogue); likewise
 };
 
 struct LinearConfig {
@@ -23,11 +31,14 @@ struct LinearConfig {
   int algo = 0;  // cuBLASLt heuristic algorithm (kGemm)
 };
 
-// Up to this many rows the GEMV path is the default. Measured on the H100
-// (bench/gpu_compute_bench.cc): swiglu_mlp M=1 D=4096 I=14336 129-131 us
-// through the fused SwiGLU GEMV against 131-132 us for cuBLASLt's two GEMMs
-// alone. Above M=4 the FMA work per weight byte grows and cuBLASLt's
-// tensor-core kernels take over; the tuner may still pick GEMV up to M=8.
+// The built-in rule's row limits: the GEMV (weight streaming on CUDA cores,
+// launched as a programmatic dependent of the previous kernel) up to
+// kGemvAutoMaxM rows, the tensor-core skinny GEMM up to kSkinnyMaxM
+// (skinny_gemm.h), cuBLASLt beyond. Measured on the H100: swiglu_mlp M=1
+// D=4096 I=14336 129-131 us through the fused SwiGLU GEMV against 131-132 us
+// for cuBLASLt's two GEMMs alone; above 4 rows the FMA work per weight byte
+// grows and tensor cores take over. The tuner may pick any candidate that
+// fits the shape.
 constexpr int64_t kGemvAutoMaxM = 4;
 
 std::string FormatLinearConfig(const LinearConfig& c);
@@ -35,17 +46,34 @@ std::string FormatLinearConfig(const LinearConfig& c);
 bool ParseLinearConfig(const std::string& s, LinearConfig* c);
 // Candidates for y[M,N] = x[M,K] . w[N,K]^T: every cuBLASLt algorithm the
 // heuristic offers (the first is the default, valid for every shape), then
-// GEMV where it can run. A new kernel for linear adds its path here.
+// GEMV and the skinny GEMM where they can run. A new kernel for linear adds
+// its path here.
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K);
+// The skinny GEMM's shape rules (skinny_gemm.h), pointers aside.
+bool SkinnyShape(DType dtype, int64_t M, int64_t N, int64_t K);
+// y = act(x . w^T + bias) by the config; one that cannot apply to the call
+// (GEMV for 64 rows, the skinny GEMM with a bias) takes the built-in rule.
+CudaStatus LaunchLinear(const GemmArgs& g, const LinearConfig& c, cudaStream_t stream);
 
-// swiglu_mlp's path (dispatch in swiglu_mlp_op.cc): "p0" two cuBLASLt GEMMs
-// around the SwiGLU kernel, "p1" the fused SwiGLU GEMV then a GEMV for down.
+// swiglu_mlp's path for its gate h = silu(x . gate^T) * (x . up^T)
+// (dispatch in swiglu_mlp_op.cc): "p0" a linear GEMM into gu = x . gate_up^T
+// then the SwiGLU kernel, "p1" the fused SwiGLU GEMV, "p2" the fused skinny
+// SwiGLU. The GEMMs (gate_up on p0, down always) run linear's tuned configs
+// for their own shapes.
 struct SwigluMlpConfig {
-  LinearPath path = LinearPath::kDefault;  // kDefault: GEMV up to kGemvAutoMaxM rows
+  LinearPath path = LinearPath::kDefault;  // kDefault: the built-in row rule
 };
 std::string FormatSwigluMlpConfig(const SwigluMlpConfig& c);
 bool ParseSwigluMlpConfig(const std::string& s, SwigluMlpConfig* c);
 // The first ("p0") fits every shape.
 std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t D, int64_t I);
+// The gate (x [M,D], gate_up [2I,D] = [gate; up], h [M,I]) by the config;
+// the GEMM path runs linear with gate_up_config into gu [M,2I], which may be
+// null when SwigluGateNeedsScratch is false.
+CudaStatus LaunchSwigluGate(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                            void* gu, const SwigluMlpConfig& c, const LinearConfig& gate_up_config,
+                            cudaStream_t stream);
+bool SwigluGateNeedsScratch(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                            const SwigluMlpConfig& c);
 
 }  // namespace fusedserve::cuda

@@ -1,12 +1,13 @@
 // The CUDA entry of linear (kernels/cuda/linear.h): request -> GemmArgs and
-// the tuned LinearConfig -> cuBLASLt or GEMV. An unset or unparsable config,
-// or one that cannot apply to the shape (GEMV for large M), takes the
-// built-in rule.
+// the tuned LinearConfig -> cuBLASLt, GEMV or the skinny GEMM. An unset or
+// unparsable config, or one that cannot apply to the shape (GEMV for large
+// M), takes the built-in rule.
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace fusedserve {
 namespace cuda {
@@ -17,7 +18,7 @@ std::string FormatLinearConfig(const LinearConfig& c) {
 
 bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
   std::vector<int> v;
-  if (!ParseConfigInts(s, "pa", &v) || v[0] > static_cast<int>(LinearPath::kGemv)) return false;
+  if (!ParseConfigInts(s, "pa", &v) || v[0] > static_cast<int>(LinearPath::kSkinny)) return false;
   *c = LinearConfig{static_cast<LinearPath>(v[0]), v[1]};
   return true;
 }
@@ -28,7 +29,27 @@ std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, in
   const int n = std::max(1, GemmAlgoCount(dtype, M, N, K));
   for (int i = 0; i < n; ++i) c.push_back({LinearPath::kGemm, i});
   if (M >= 1 && M <= kGemvMaxM && K % vec == 0) c.push_back({LinearPath::kGemv, 0});
+  if (SkinnyShape(dtype, M, N, K)) c.push_back({LinearPath::kSkinny, 0});
   return c;
+}
+
+bool SkinnyShape(DType dtype, int64_t M, int64_t N, int64_t K) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && M >= 1 && M <= kSkinnyMaxM && N % 16 == 0 && K % 32 == 0;
+}
+
+CudaStatus LaunchLinear(const GemmArgs& g, const LinearConfig& c, cudaStream_t stream) {
+  const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
+  // The skinny GEMM has no epilogue.
+  const bool skinny_ok =
+      g.bias == nullptr && g.act == Activation::kNone && SkinnyGemmSupported(g.dtype, g.M, g.N, g.K, g.x, g.w);
+  if (c.path == LinearPath::kGemv && gemv_ok) return LaunchGemv(g, stream);
+  if (c.path == LinearPath::kSkinny && skinny_ok)
+    return LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+  if (c.path != LinearPath::kGemm) {  // the built-in rule
+    if (gemv_ok && g.M <= kGemvAutoMaxM) return LaunchGemv(g, stream);
+    if (skinny_ok) return LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+  }
+  return GemmForward(g, c.path == LinearPath::kGemm ? c.algo : 0, stream);
 }
 
 }  // namespace cuda
@@ -52,11 +73,7 @@ CudaStatus RunLinear(const OpRequest& host, const DeviceTensorMap& in, const Dev
   g.act = ParseActivation(host.s("activation"));
   cuda::LinearConfig c;
   cuda::ParseLinearConfig(ConfigOf(ctx, host, g.dtype), &c);
-  const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
-  const bool use_gemv = gemv_ok && (c.path == cuda::LinearPath::kGemv ||
-                                    (c.path == cuda::LinearPath::kDefault && g.M <= cuda::kGemvAutoMaxM));
-  if (use_gemv) return LaunchGemv(g, ctx.stream);
-  return GemmForward(g, c.path == cuda::LinearPath::kGemm ? c.algo : 0, ctx.stream);
+  return cuda::LaunchLinear(g, c, ctx.stream);
 }
 
 std::vector<std::string> LinearCandidates(DType dtype, const std::vector<int64_t>& key) {

@@ -1,6 +1,8 @@
-// The CUDA entry of swiglu_mlp (config in kernels/cuda/linear.h): the two
-// cuBLASLt GEMMs around the SwiGLU kernel, or for few rows the fused SwiGLU
-// GEMV then a GEMV for the down projection. Intermediates in scratch memory.
+// The CUDA entry of swiglu_mlp (config in kernels/cuda/linear.h): the gate
+// h = silu(x . gate^T) * (x . up^T) by its path (a linear GEMM then the
+// SwiGLU kernel, or fused in the SwiGLU GEMV or skinny GEMM), then the down
+// projection as a linear. Both GEMMs run linear's tuned configs for their own
+// shapes. Intermediates in scratch memory.
 #include <algorithm>
 
 #include "kernels/cuda/config.h"
@@ -8,6 +10,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace fusedserve {
 namespace cuda {
@@ -18,7 +21,7 @@ std::string FormatSwigluMlpConfig(const SwigluMlpConfig& c) {
 
 bool ParseSwigluMlpConfig(const std::string& s, SwigluMlpConfig* c) {
   std::vector<int> v;
-  if (!ParseConfigInts(s, "p", &v) || v[0] > static_cast<int>(LinearPath::kGemv)) return false;
+  if (!ParseConfigInts(s, "p", &v) || v[0] > static_cast<int>(LinearPath::kSkinny)) return false;
   *c = SwigluMlpConfig{static_cast<LinearPath>(v[0])};
   return true;
 }
@@ -27,7 +30,52 @@ std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t
   const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
   std::vector<SwigluMlpConfig> c = {{LinearPath::kGemm}};
   if (M >= 1 && M <= kGemvMaxM && D % vec == 0) c.push_back({LinearPath::kGemv});
+  if (SkinnyShape(dtype, M, I, D)) c.push_back({LinearPath::kSkinny});
   return c;
+}
+
+namespace {
+
+LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                            const SwigluMlpConfig& c) {
+  const bool gemv_ok = GemvSupported(dt, M, D, x, gate_up);
+  const bool skinny_ok = SkinnyGemmSupported(dt, M, I, D, x, gate_up);
+  if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;
+  if (c.path == LinearPath::kSkinny && skinny_ok) return LinearPath::kSkinny;
+  if (c.path == LinearPath::kGemm) return LinearPath::kGemm;
+  if (gemv_ok && M <= kGemvAutoMaxM) return LinearPath::kGemv;
+  return skinny_ok ? LinearPath::kSkinny : LinearPath::kGemm;
+}
+
+}  // namespace
+
+bool SwigluGateNeedsScratch(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                            const SwigluMlpConfig& c) {
+  return ChooseSwigluPath(dtype, M, D, I, x, gate_up, c) == LinearPath::kGemm;
+}
+
+CudaStatus LaunchSwigluGate(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                            void* gu, const SwigluMlpConfig& c, const LinearConfig& gate_up_config,
+                            cudaStream_t stream) {
+  switch (ChooseSwigluPath(dt, M, D, I, x, gate_up, c)) {
+    case LinearPath::kGemv:
+      return LaunchGemvSwiglu(dt, M, D, I, x, gate_up, h, stream);
+    case LinearPath::kSkinny:
+      return LaunchSkinnySwiglu(dt, M, D, I, x, gate_up, h, stream);
+    default:
+      break;
+  }
+  if (gu == nullptr) return CudaStatus::Error("swiglu: the GEMM path needs gate_up scratch");
+  GemmArgs g;
+  g.dtype = dt;
+  g.M = M;
+  g.N = 2 * I;
+  g.K = D;
+  g.x = x;
+  g.w = gate_up;
+  g.y = gu;
+  if (CudaStatus s = LaunchLinear(g, gate_up_config, stream); !s.ok()) return s;
+  return LaunchMlpSiluAndMul(dt, M, I, gu, h, stream);
 }
 
 }  // namespace cuda
@@ -48,29 +96,24 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
   if (ctx.scratch == nullptr) return CudaStatus::Error("swiglu_mlp: no scratch memory");
   cuda::SwigluMlpConfig c;
   cuda::ParseSwigluMlpConfig(ConfigOf(ctx, host, dt), &c);
-  const bool gemv_ok = GemvSupported(dt, M, D, x.data, gate_up.data);
-  const bool use_gemv = gemv_ok && (c.path == cuda::LinearPath::kGemv ||
-                                    (c.path == cuda::LinearPath::kDefault && M <= cuda::kGemvAutoMaxM));
+  // The GEMMs run linear's tuned configs for their own keys, as in the model.
+  auto linear_config = [&](const std::vector<int64_t>& key) {
+    cuda::LinearConfig lc;
+    if (ctx.config) cuda::ParseLinearConfig(ctx.config("linear", dt, key), &lc);
+    return lc;
+  };
+  const bool need_gu = cuda::SwigluGateNeedsScratch(dt, M, D, I, x.data, gate_up.data, c);
   const size_t es = DTypeSize(dt);
   const size_t h_bytes = AlignUp(static_cast<size_t>(M) * I * es);
-  const size_t gu_bytes = use_gemv ? 0 : AlignUp(static_cast<size_t>(M) * 2 * I * es);
+  const size_t gu_bytes = need_gu ? AlignUp(static_cast<size_t>(M) * 2 * I * es) : 0;
   void* scratch = nullptr;
   if (CudaStatus s = ctx.scratch->Get(std::max<size_t>(h_bytes + gu_bytes, 256), &scratch); !s.ok()) return s;
-  void* h = scratch;  // [M,I]
-  if (use_gemv) {
-    if (CudaStatus s = LaunchGemvSwiglu(dt, M, D, I, x.data, gate_up.data, h, ctx.stream); !s.ok()) return s;
-  } else {
-    void* gu = static_cast<char*>(scratch) + h_bytes;  // [M,2I]
-    GemmArgs g1;
-    g1.dtype = dt;
-    g1.M = M;
-    g1.N = 2 * I;
-    g1.K = D;
-    g1.x = x.data;
-    g1.w = gate_up.data;
-    g1.y = gu;
-    if (CudaStatus s = GemmForward(g1, 0, ctx.stream); !s.ok()) return s;
-    if (CudaStatus s = LaunchMlpSiluAndMul(dt, M, I, gu, h, ctx.stream); !s.ok()) return s;
+  void* h = scratch;                                                     // [M,I]
+  void* gu = need_gu ? static_cast<char*>(scratch) + h_bytes : nullptr;  // [M,2I]
+  if (CudaStatus s =
+          cuda::LaunchSwigluGate(dt, M, D, I, x.data, gate_up.data, h, gu, c, linear_config({M, 2 * I, D}), ctx.stream);
+      !s.ok()) {
+    return s;
   }
   GemmArgs g2;
   g2.dtype = dt;
@@ -80,10 +123,7 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
   g2.x = h;
   g2.w = down.data;
   g2.y = y;
-  if (use_gemv && GemvSupported(dt, M, I, h, down.data)) {
-    return LaunchGemv(g2, ctx.stream);
-  }
-  return GemmForward(g2, 0, ctx.stream);
+  return cuda::LaunchLinear(g2, linear_config({M, D, I}), ctx.stream);
 }
 
 std::vector<std::string> SwigluMlpCandidates(DType dtype, const std::vector<int64_t>& key) {

@@ -1,6 +1,7 @@
 // The CUDA autotuner on a real GPU: tunes a few ops, checks that every
-// winner's output matches the CPU reference through the CUDA backend, and
-// that a second start over the same cache file is warm (nothing timed).
+// winner's output matches the CPU reference through the CUDA backend, that
+// a second start over the same cache file is warm (nothing timed), and that
+// the CUDA model runner reads the configs tuned for the model's kernels.
 // FUSEDSERVE_TUNE_DEFAULT_ENVELOPE=1 also cold-tunes the full default
 // envelope and prints the numbers of the warm-up closing note (wall time,
 // warm restart time, speed-up over the default config at M = 1, 512, 16384).
@@ -9,18 +10,26 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/op.h"
+#include "model/config.h"
+#include "model/cuda_runner.h"
+#include "model/kernel_shapes.h"
+#include "model/runner.h"
+#include "model/weights.h"
 #include "tests/gpu/rel_error.h"
 #include "warmup/envelope.h"
 #include "warmup/tuning_cache.h"
@@ -182,6 +191,93 @@ TEST(Autotuner, DefaultEnvelopeColdAndWarm) {
                 FormatTuningKey(e.op, e.key).c_str(), e.config.c_str(), e.time_us, e.default_us,
                 e.default_us / e.time_us);
   }
+}
+
+// After the warm-up has tuned a model's envelope, the CUDA model runner's
+// lookups (every kernel at every token bucket up to its buffers' size, made
+// when its KV cache is created, before the decode graphs are captured) are
+// all cache hits, a prefill and a decode step look up nothing new, and the
+// logits still match the CPU runner's.
+TEST(Autotuner, ModelRunnerReadsTunedConfigs) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU";
+  ModelConfig c;
+  c.name = "mid";
+  c.hidden = 512;
+  c.layers = 2;
+  c.q_heads = 8;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.intermediate = 1536;
+  c.vocab = 2048;
+  c.max_position = 4096;
+  c.dtype = DType::kBF16;
+  const int64_t max_tokens = 256, max_seqs = 8;
+  WarmupOptions o;
+  o.max_tokens = max_tokens;
+  o.dtype = c.dtype;
+  o.model_entries = ModelEnvelope(c, max_tokens, max_seqs);
+  o.model_shapes = {{c.hidden, c.intermediate, c.q_heads, c.kv_heads, c.head_dim, c.vocab}};
+  std::unique_ptr<TuningService> service = Service(o);
+  ASSERT_TRUE(service->Warmup(nullptr, nullptr).ok());
+  EXPECT_GT(service->report().benchmarks, 0);
+
+  CudaModelRunnerOptions ro;
+  ro.max_tokens = max_tokens;
+  ro.max_seqs = max_seqs;
+  ro.max_graph_batch = max_seqs;
+  ro.tuned = service->counted_lookup();
+  absl::StatusOr<std::unique_ptr<ModelRunner>> gpu = MakeCudaModelRunner(ModelWeights::Random(c, 7), ro);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<std::unique_ptr<ModelRunner>> cpu = MakeCpuModelRunner(ModelWeights::Random(c, 7), 0);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int64_t bs = 16, blocks = 64;
+  ASSERT_TRUE((*gpu)->InitKvCache(blocks, bs).ok());
+  ASSERT_TRUE((*cpu)->InitKvCache(blocks, bs).ok());
+  const LookupCounts at_start = service->counts();
+  // 8 kernels at buckets 1 ... 256, the LM head at 1 ... 8.
+  EXPECT_EQ(at_start.keys, (kModelKernels - 1) * 9 + 4);
+  EXPECT_EQ(at_start.hits, at_start.keys) << (at_start.missed.empty() ? "" : at_start.missed[0]);
+
+  // A prefill step of three prompts, then two decode steps (graphs).
+  std::mt19937 rng(3);
+  const std::vector<int64_t> lens = {5, 37, 100};
+  std::vector<std::vector<int32_t>> tokens(lens.size()), tables(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i) {
+    for (int64_t t = 0; t < lens[i]; ++t) tokens[i].push_back(static_cast<int32_t>(rng() % c.vocab));
+    for (int b = 0; b < 8; ++b) tables[i].push_back(static_cast<int32_t>(i * 8 + b));
+  }
+  std::vector<int64_t> cached(lens.size(), 0);
+  double worst = 0;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<SeqForward> batch;
+    for (size_t i = 0; i < lens.size(); ++i) {
+      SeqForward f;
+      f.start = cached[i];
+      f.tokens = tokens[i].data() + cached[i];
+      f.num_tokens = static_cast<int64_t>(tokens[i].size()) - cached[i];
+      f.block_table = tables[i].data();
+      f.num_blocks = static_cast<int64_t>(tables[i].size());
+      batch.push_back(f);
+    }
+    std::vector<float> lc, lg;
+    ASSERT_TRUE((*cpu)->ForwardLogits(batch, &lc).ok());
+    absl::Status s = (*gpu)->ForwardLogits(batch, &lg);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(lc.size(), lg.size());
+    for (size_t i = 0; i < lens.size(); ++i) {
+      const double e = RelErrorNorm(lg.data() + i * c.vocab, lc.data() + i * c.vocab, c.vocab);
+      worst = std::max(worst, e);
+      EXPECT_LT(e, 3e-2) << "step " << step << " sequence " << i;
+      cached[i] = static_cast<int64_t>(tokens[i].size());
+      const float* row = lc.data() + i * c.vocab;
+      tokens[i].push_back(static_cast<int32_t>(std::max_element(row, row + c.vocab) - row));
+    }
+  }
+  const LookupCounts after = service->counts();
+  EXPECT_EQ(after.keys, at_start.keys);
+  EXPECT_EQ(after.hits, after.keys);
+  std::printf("model runner: %lld of %lld kernel shape buckets read tuned configs; worst logits rel err %.3e\n",
+              static_cast<long long>(after.hits), static_cast<long long>(after.keys), worst);
 }
 
 }  // namespace

@@ -190,7 +190,7 @@ TEST_F(ComputeTest, LinearEpilogues) {
   for (const char* act : {"none", "gelu", "gelu_tanh", "silu"}) {
     for (bool bias : {false, true}) {
       CheckLinear(LinearRequest(DType::kBF16, 17, 1001, 520, act, bias, ++seed), {"", "p0.a1"});
-      CheckLinear(LinearRequest(DType::kBF16, 3, 1001, 520, act, bias, ++seed), {"p1.a0", "p0.a0"});
+      CheckLinear(LinearRequest(DType::kBF16, 3, 1001, 520, act, bias, ++seed), {"p1.a0", "p0.a0", "p2.a0"});
     }
   }
 }

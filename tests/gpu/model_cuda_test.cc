@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -65,7 +66,8 @@ struct Pair {
   std::unique_ptr<ModelRunner> cpu, gpu;
 };
 
-Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool graphs = true) {
+Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool graphs = true,
+              ConfigLookup tuned = nullptr) {
   Pair p;
   auto cpu = MakeCpuModelRunner(ModelWeights::Random(c, 7), 0);
   EXPECT_TRUE(cpu.ok()) << cpu.status();
@@ -74,6 +76,7 @@ Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool gra
   o.max_seqs = 16;
   o.cuda_graphs = graphs;
   o.max_graph_batch = 8;
+  o.tuned = std::move(tuned);
   auto gpu = MakeCudaModelRunner(ModelWeights::Random(c, 7), o);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   if (!cpu.ok() || !gpu.ok()) return p;
@@ -284,6 +287,56 @@ TEST_P(ModelCudaTest, DecodeBatchesOnTheSkinnyPath) {
       }
     }
     std::printf("[%s] decode batch of %ld: worst logits rel err %.3e\n", c.name.c_str(), static_cast<long>(B), worst);
+  }
+}
+
+// Whatever config the tuner picks for the model's kernels runs correctly in
+// the runner: prefill and decode logits match the CPU runner with each
+// linear, swiglu_mlp, attention and norm candidate forced on every shape (a
+// candidate that cannot apply to a shape falls back to the built-in rule).
+TEST_P(ModelCudaTest, ForcedKernelConfigsMatchCpu) {
+  const ModelConfig c = Config();
+  struct Forced {
+    std::string linear, swiglu, attention, norm;
+  };
+  const std::vector<Forced> all = {
+      {"p1.a0", "p1", "m64.w4", "t32.r2"}, {"p2.a0", "p2", "m128.w8", ""}, {"p0.a1", "p0", "m128.w4", "t1.r1"}};
+  for (const Forced& f : all) {
+    ConfigLookup lookup = [f](const std::string& op, DType, const std::vector<int64_t>&) -> std::string {
+      if (op == "linear") return f.linear;
+      if (op == "swiglu_mlp") return f.swiglu;
+      if (op == "attention") return f.attention;
+      return f.norm;
+    };
+    const int64_t bs = 16;
+    Pair p = MakePair(c, 64, bs, /*graphs=*/true, lookup);
+    ASSERT_TRUE(p.gpu != nullptr);
+    std::mt19937 rng(4);
+    std::vector<Seq> seqs(3);
+    const std::vector<int64_t> lens = {1, 9, 40};
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (int64_t t = 0; t < lens[i]; ++t) seqs[i].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+      for (int b = 0; b < 4; ++b) seqs[i].blocks.push_back(static_cast<int32_t>(4 * i + b));
+    }
+    double worst = 0;
+    for (int step = 0; step < 3; ++step) {  // a prefill step, then decode steps from graphs
+      std::vector<SeqForward> batch;
+      for (const Seq& s : seqs) batch.push_back(s.Next());
+      std::vector<float> lc, lg;
+      ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
+      absl::Status st = p.gpu->ForwardLogits(batch, &lg);
+      ASSERT_TRUE(st.ok()) << st << " (" << f.linear << ")";
+      for (size_t b = 0; b < seqs.size(); ++b) {
+        const double e = RelErrorNorm(lg.data() + b * c.vocab, lc.data() + b * c.vocab, c.vocab);
+        worst = std::max(worst, e);
+        EXPECT_LT(e, Tolerance(c)) << f.linear << " " << f.swiglu << " " << f.attention << " step " << step;
+        Seq& s = seqs[b];
+        s.cached = static_cast<int64_t>(s.tokens.size());
+        s.tokens.push_back(Argmax(lc.data() + b * c.vocab, c.vocab));
+      }
+    }
+    std::printf("[%s] forced %s / %s / %s / %s: worst logits rel err %.3e\n", c.name.c_str(), f.linear.c_str(),
+                f.swiglu.c_str(), f.attention.c_str(), f.norm.c_str(), worst);
   }
 }
 

@@ -28,6 +28,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "model/config.h"
+#include "model/kernel_shapes.h"
 #include "nlohmann/json.hpp"
 #include "tests/unit/run_in_child.h"
 #include "warmup/autotuner.h"
@@ -812,6 +814,54 @@ TEST(Envelope, DefaultAddsTheModelShapesOnce) {
       EXPECT_NE(e.key.back(), 16) << e.op;
     }
   }
+}
+
+// With a hosted model the envelope is the model's own: every key its CUDA
+// runner looks up (kernel_shapes.h, any row count, bucketed as the cache
+// buckets it), in the model's dtype, linear before swiglu_mlp, and the
+// FusedOp entries at its dims only (none at the standard 8B dims, none bf16
+// for an fp32 checkpoint).
+TEST(Envelope, HostedModelEnvelopeIsTheModelsOwnInItsDtype) {
+  ModelConfig c = *PresetConfig("llama-3.2-1b");
+  c.dtype = DType::kF32;  // an fp32 checkpoint
+  const int64_t max_tokens = 512, max_seqs = 16;
+  WarmupOptions o;
+  o.max_tokens = max_tokens;
+  o.dtype = c.dtype;
+  o.model_entries = ModelEnvelope(c, max_tokens, max_seqs);
+  o.model_shapes = {{c.hidden, c.intermediate, c.q_heads, c.kv_heads, c.head_dim, c.vocab}};
+  const std::vector<EnvelopeEntry> env = DefaultEnvelope(o);
+  std::set<std::string> ids;
+  size_t last_linear = 0, first_swiglu = env.size();
+  for (size_t i = 0; i < env.size(); ++i) {
+    const EnvelopeEntry& e = env[i];
+    EXPECT_EQ(e.dtype, DType::kF32) << e.op;
+    EXPECT_TRUE(ValidateTuningKey(e.op, e.key).ok()) << e.op;
+    if (e.op != "attention_decode") {
+      EXPECT_NE(e.key[1], 4096) << e.op << ": a standard-dims entry";
+    }
+    ids.insert(EntryId(e.op, e.dtype, e.key));
+    if (e.op == "linear") last_linear = i;
+    if (e.op == "swiglu_mlp") first_swiglu = std::min(first_swiglu, i);
+  }
+  EXPECT_EQ(ids.size(), env.size());
+  EXPECT_LT(last_linear, first_swiglu);
+  int looked_up = 0;
+  for (int k = 0; k < kModelKernels; ++k) {
+    const ModelKernel kernel = static_cast<ModelKernel>(k);
+    const int64_t rows = kernel == ModelKernel::kLmHead ? max_seqs : max_tokens;
+    for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{9}, int64_t{16}, int64_t{300}, int64_t{512}}) {
+      if (m > rows) continue;
+      const ModelKernelKey key = KeyOfModelKernel(c, kernel, m);
+      EXPECT_TRUE(ids.count(EntryId(key.op, c.dtype, BucketKey(key.op, key.key))))
+          << key.op << " " << FormatTuningKey(key.op, key.key);
+      ++looked_up;
+    }
+  }
+  EXPECT_GT(looked_up, 40);
+  // The LM head is tuned for the batch sizes only.
+  const ModelKernelKey lm = KeyOfModelKernel(c, ModelKernel::kLmHead, 64);
+  EXPECT_FALSE(ids.count(EntryId(lm.op, c.dtype, lm.key)));
 }
 
 }  // namespace

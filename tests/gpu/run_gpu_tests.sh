@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Every GPU test binary of a bundle (README: GPU tests and benchmarks) on a
+# GPU host: op_test in 8 parallel shards (it checks every op x dtype x case x
+# candidate config), the others one after another. Prints each binary's
+# summary line; full logs in OUT_DIR. Usage: run_gpu_tests.sh BUNDLE OUT_DIR
+set -u
+b=$1
+out=$2
+mkdir -p "$out"
+source "$b/env.sh"
+: > "$out/rc.txt"
+for i in 0 1 2 3 4 5 6 7; do
+  (GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 300 stdbuf -oL "$b/bin/op_test" > "$out/op_test.$i.log" 2>&1
+   echo "op_test shard $i rc=$?" >> "$out/rc.txt") &
+done
+wait
+for t in argmax_test paged_attention_test skinny_gemm_test compute_test cuda_backend_test model_cuda_test autotuner_test; do
+  [ -x "$b/bin/$t" ] || continue
+  timeout 300 "$b/bin/$t" > "$out/$t.log" 2>&1
+  echo "$t rc=$?" >> "$out/rc.txt"
+done
+cat "$out/rc.txt"
+for f in "$out"/*.log; do
+  echo "== $(basename "$f"): $(grep -E '^\[  (PASSED|FAILED) ' "$f" | tr '\n' ' ') $(grep -cE '^\[  FAILED  \]' "$f") failed lines"
+done
+grep -hE "^\[ checked" "$out"/op_test.*.log | awk '{s += $3} END {print "op_test: " s " (shape, config) runs checked"}'
+grep -hE "Failure|FAILED  \]" "$out"/*.log | sort | uniq -c | head -20

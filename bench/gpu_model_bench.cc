@@ -118,6 +118,7 @@ std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens
       }
       std::printf("\n");
     }
+    if (kv_blocks > 0) std::printf("decode graphs kept: %s\n", CudaDecodeGraphReport(**made).c_str());
   }
   return std::move(*made);
 }

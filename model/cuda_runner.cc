@@ -223,6 +223,7 @@ class CudaModelRunner final : public ModelRunner {
 
   const ModelConfig& config() const override { return c_; }
   std::string device() const override { return "cuda"; }
+  const std::string& decode_report() const { return decode_report_; }
 
   int64_t KvBytesPerBlock(int64_t block_size) const override {
     return 2 * c_.layers * block_size * c_.kv_dim() * static_cast<int64_t>(DTypeSize(c_.dtype));
@@ -592,6 +593,8 @@ class CudaModelRunner final : public ModelRunner {
   // The config of kernel k at M rows: the tuning cache's for M's bucket,
   // looked up the first time that bucket is needed ("" without one).
   const std::string& Tuned(ModelKernel k, int64_t M) {
+    static const std::string kBuiltin;
+    if (builtin_only_) return kBuiltin;
     std::vector<std::string>& v = tuned_[static_cast<int>(k)];
     size_t bucket = 0;
     while ((int64_t{1} << bucket) < M) ++bucket;
@@ -792,10 +795,16 @@ class CudaModelRunner final : public ModelRunner {
   // on padding rows only, which touch nothing but the spare block.
   absl::Status CaptureGraphs() {
     DropGraphs();
+    decode_report_.clear();
     const int64_t max_b = std::min<int64_t>(o_.max_graph_batch, cap_seqs_);
     if (absl::Status status = Reserve(std::max(cap_tokens_, max_b), std::max(cap_seqs_, max_b)); !status.ok())
       return status;
     std::map<int64_t, Graph> made;
+    auto drop = [](Graph& g) {
+      if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+      if (g.graph != nullptr) cudaGraphDestroy(g.graph);
+      g = Graph{};
+    };
     for (int64_t b = 1; b <= max_b; b *= 2) {
       ix_.Layout(b, b, b, b);
       int32_t* h = hidx_.as<int32_t>();
@@ -818,27 +827,103 @@ class CudaModelRunner final : public ModelRunner {
       // many parts), chosen for a long context.
       st.splits = cuda::PagedAttentionSplits(static_cast<int>(b), static_cast<int>(c_.kv_heads),
                                              static_cast<int>(max_bt_width_ * block_size_), sm_count_);
-      if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
-      if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "graph warm-up step"); !status.ok()) return status;
-      Graph g;
-      if (absl::Status status =
-              Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
-          !status.ok())
+      Graph tuned;
+      if (absl::Status status = CaptureStep(st, &tuned); !status.ok()) return status;
+      if (!o_.compare_decode_graphs || !UsesTunedConfigs(b)) {
+        made[b] = tuned;
+        continue;
+      }
+      // The tuner times each kernel alone; inside the graph a kernel
+      // overlaps its neighbours (PDL) and finds other data in L2, and a
+      // choice that won alone can lose there. So the step is timed both
+      // ways, in context, and the faster graph is kept.
+      builtin_only_ = true;
+      Graph builtin;
+      absl::Status captured = CaptureStep(st, &builtin);
+      builtin_only_ = false;
+      if (!captured.ok()) {
+        drop(tuned);
+        return captured;
+      }
+      double tuned_us = 0, builtin_us = 0;
+      if (absl::Status status = TimeGraphs(tuned, builtin, &tuned_us, &builtin_us); !status.ok()) {
+        drop(tuned);
+        drop(builtin);
         return status;
-      absl::Status enq = EnqueueForward(st);
-      const cudaError_t end = cudaStreamEndCapture(stream_, &g.graph);
-      if (!enq.ok()) {
-        if (g.graph != nullptr) cudaGraphDestroy(g.graph);
-        return enq;
       }
-      if (absl::Status status = Cuda(end, "end capture"); !status.ok()) return status;
-      if (cudaError_t e = cudaGraphInstantiate(&g.exec, g.graph, 0); e != cudaSuccess) {
-        cudaGraphDestroy(g.graph);
-        return Cuda(e, "cudaGraphInstantiate");
-      }
-      made[b] = g;
+      const bool keep_tuned = tuned_us <= builtin_us;
+      made[b] = keep_tuned ? tuned : builtin;
+      drop(keep_tuned ? builtin : tuned);
+      absl::StrAppend(&decode_report_, decode_report_.empty() ? "" : ", ", "B=", b, " ",
+                      keep_tuned ? "tuned" : "built-in", " (", absl::SixDigits(tuned_us), " vs ",
+                      absl::SixDigits(builtin_us), " us)");
     }
     graphs_ = std::move(made);
+    return absl::OkStatus();
+  }
+
+  // Runs the step once eagerly (cuBLASLt plans are built outside the
+  // capture; padding rows touch nothing but the spare block), then captures it.
+  absl::Status CaptureStep(const Step& st, Graph* g) {
+    if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "graph warm-up step"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+        !status.ok())
+      return status;
+    absl::Status enq = EnqueueForward(st);
+    const cudaError_t end = cudaStreamEndCapture(stream_, &g->graph);
+    if (!enq.ok()) {
+      if (g->graph != nullptr) cudaGraphDestroy(g->graph);
+      g->graph = nullptr;
+      return enq;
+    }
+    if (absl::Status status = Cuda(end, "end capture"); !status.ok()) return status;
+    if (cudaError_t e = cudaGraphInstantiate(&g->exec, g->graph, 0); e != cudaSuccess) {
+      cudaGraphDestroy(g->graph);
+      g->graph = nullptr;
+      return Cuda(e, "cudaGraphInstantiate");
+    }
+    return absl::OkStatus();
+  }
+
+  // Whether any kernel of a b-row step has a tuned config.
+  bool UsesTunedConfigs(int64_t b) {
+    for (int k = 0; k < kModelKernels; ++k) {
+      if (!Tuned(static_cast<ModelKernel>(k), b).empty()) return true;
+    }
+    return false;
+  }
+
+  // Median over alternating rounds of the mean replay time of each graph, us.
+  absl::Status TimeGraphs(const Graph& a, const Graph& b, double* a_us, double* b_us) {
+    constexpr int kRounds = 7, kReplays = 4;
+    cudaEvent_t ev[2];
+    if (absl::Status status = Cuda(cudaEventCreate(&ev[0]), "cudaEventCreate"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaEventCreate(&ev[1]), "cudaEventCreate"); !status.ok()) {
+      cudaEventDestroy(ev[0]);
+      return status;
+    }
+    std::vector<double> ta, tb;
+    absl::Status status;
+    for (int r = 0; r < kRounds && status.ok(); ++r) {
+      for (const Graph* g : {&a, &b}) {
+        status = Cuda(cudaEventRecord(ev[0], stream_), "cudaEventRecord");
+        for (int i = 0; i < kReplays && status.ok(); ++i) status = Cuda(cudaGraphLaunch(g->exec, stream_), "replay");
+        if (status.ok()) status = Cuda(cudaEventRecord(ev[1], stream_), "cudaEventRecord");
+        if (status.ok()) status = Cuda(cudaEventSynchronize(ev[1]), "cudaEventSynchronize");
+        float ms = 0;
+        if (status.ok()) status = Cuda(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
+        if (r > 0) (g == &a ? ta : tb).push_back(1000.0 * ms / kReplays);  // round 0 warms up
+        if (!status.ok()) break;
+      }
+    }
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    if (!status.ok()) return status;
+    std::nth_element(ta.begin(), ta.begin() + ta.size() / 2, ta.end());
+    std::nth_element(tb.begin(), tb.begin() + tb.size() / 2, tb.end());
+    *a_us = ta[ta.size() / 2];
+    *b_us = tb[tb.size() / 2];
     return absl::OkStatus();
   }
 
@@ -870,6 +955,8 @@ class CudaModelRunner final : public ModelRunner {
   HostBuffer hidx_;
 
   std::map<int64_t, Graph> graphs_;
+  bool builtin_only_ = false;  // Tuned() answers "" (capturing the built-in graph to compare)
+  std::string decode_report_;  // per decode bucket: which graph was kept, and the two step times
   // Tuned configs per kernel, by token bucket (index log2 of the bucket).
   std::array<std::vector<std::string>, kModelKernels> tuned_;
 };
@@ -883,6 +970,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr
   auto runner = std::make_unique<CudaModelRunner>(weights->config(), options);
   if (absl::Status s = runner->Init(*weights); !s.ok()) return s;
   return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
+std::string CudaDecodeGraphReport(const ModelRunner& runner) {
+  const auto* cuda = dynamic_cast<const CudaModelRunner*>(&runner);
+  return cuda != nullptr ? cuda->decode_report() : std::string();
 }
 
 absl::StatusOr<int64_t> CudaKvCacheBlocks(const ModelRunner& runner, int device, int64_t block_size, double fraction,

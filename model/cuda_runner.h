@@ -27,6 +27,10 @@ struct CudaModelRunnerOptions {
   // max_graph_batch) in a CUDA graph when the KV cache is created.
   bool cuda_graphs = true;
   int64_t max_graph_batch = 64;
+  // For a decode bucket with tuned configs, also capture the built-in
+  // configs' graph, time both in context and keep the faster (the tuner
+  // times kernels alone). Off: the tuned graph, as a test forcing configs wants.
+  bool compare_decode_graphs = true;
   // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
   // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is
   // looked up once per token bucket: when the KV cache is created for the
@@ -38,6 +42,11 @@ struct CudaModelRunnerOptions {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,
                                                                  const CudaModelRunnerOptions& options);
+
+// After InitKvCache: for each decode graph bucket whose kernels have tuned
+// configs, which of the tuned and the built-in graph the runner kept (both
+// are timed in context at capture) and their step times; "" when none.
+std::string CudaDecodeGraphReport(const ModelRunner& runner);
 
 // KV cache blocks of block_size positions that fit in `fraction` of the
 // device's free memory, less `reserve_bytes` (call after MakeCudaModelRunner:

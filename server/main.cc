@@ -460,6 +460,11 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     if (!counts.missed.empty())
       absl::StrAppend(&line, "; defaults for ", counts.missed.size(), " (first: ", counts.missed[0], ")");
     LogInfo(line);
+#ifdef FUSEDSERVE_HAVE_CUDA
+    if (const std::string graphs = CudaDecodeGraphReport((*engine)->runner()); !graphs.empty()) {
+      LogInfo("decode graphs, tuned vs built-in configs timed in context: " + graphs);
+    }
+#endif
   }
   const WarmupReport report = (*tuning)->report();
   ExportWarmupReport(report, metrics);

@@ -67,7 +67,7 @@ struct Pair {
 };
 
 Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool graphs = true,
-              ConfigLookup tuned = nullptr) {
+              ConfigLookup tuned = nullptr, bool compare_decode_graphs = false) {
   Pair p;
   auto cpu = MakeCpuModelRunner(ModelWeights::Random(c, 7), 0);
   EXPECT_TRUE(cpu.ok()) << cpu.status();
@@ -77,6 +77,7 @@ Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool gra
   o.cuda_graphs = graphs;
   o.max_graph_batch = 8;
   o.tuned = std::move(tuned);
+  o.compare_decode_graphs = compare_decode_graphs;
   auto gpu = MakeCudaModelRunner(ModelWeights::Random(c, 7), o);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   if (!cpu.ok() || !gpu.ok()) return p;
@@ -337,6 +338,44 @@ TEST_P(ModelCudaTest, ForcedKernelConfigsMatchCpu) {
     }
     std::printf("[%s] forced %s / %s / %s / %s: worst logits rel err %.3e\n", c.name.c_str(), f.linear.c_str(),
                 f.swiglu.c_str(), f.attention.c_str(), f.norm.c_str(), worst);
+  }
+}
+
+// With tuned configs the runner captures each decode bucket's graph both
+// with them and with the built-in rule, times both and keeps the faster:
+// whichever it keeps, decode logits match the CPU runner, and the report
+// names every bucket.
+TEST_P(ModelCudaTest, DecodeGraphsComparedInContext) {
+  const ModelConfig c = Config();
+  ConfigLookup lookup = [](const std::string& op, DType, const std::vector<int64_t>&) -> std::string {
+    return op == "linear" ? "p2.a0" : op == "swiglu_mlp" ? "p2" : "";
+  };
+  Pair p = MakePair(c, 64, 16, /*graphs=*/true, lookup, /*compare_decode_graphs=*/true);
+  ASSERT_TRUE(p.gpu != nullptr);
+  const std::string report = CudaDecodeGraphReport(*p.gpu);
+  std::printf("[%s] decode graphs kept: %s\n", c.name.c_str(), report.c_str());
+  for (const char* b : {"B=1 ", "B=2 ", "B=4 ", "B=8 "}) EXPECT_NE(report.find(b), std::string::npos) << report;
+  std::mt19937 rng(6);
+  std::vector<Seq> seqs(2);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (int t = 0; t < 5 + 7 * static_cast<int>(i); ++t) {
+      seqs[i].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+    }
+    for (int b = 0; b < 4; ++b) seqs[i].blocks.push_back(static_cast<int32_t>(4 * i + b));
+  }
+  for (int step = 0; step < 4; ++step) {  // a prefill, then decode steps from the kept graphs
+    std::vector<SeqForward> batch;
+    for (const Seq& s : seqs) batch.push_back(s.Next());
+    std::vector<float> lc, lg;
+    ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
+    ASSERT_TRUE(p.gpu->ForwardLogits(batch, &lg).ok());
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      EXPECT_LT(RelErrorNorm(lg.data() + b * c.vocab, lc.data() + b * c.vocab, c.vocab), Tolerance(c))
+          << "step " << step;
+      Seq& s = seqs[b];
+      s.cached = static_cast<int64_t>(s.tokens.size());
+      s.tokens.push_back(Argmax(lc.data() + b * c.vocab, c.vocab));
+    }
   }
 }
 

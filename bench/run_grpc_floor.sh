@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The gRPC floor of a FusedOp round trip beside fusedserve itself: the same
+# load generator and message (rms_norm bf16 [1,4096]) against bare echo
+# servers on each gRPC server model (bench/grpc_floor/echo_server.cc) and
+# against fusedserve (and bin/fusedserve-base when present), in interleaved
+# rounds; prints the medians as a Markdown table.
+#   c=1:  sync client, one stream: p50/p99 latency;
+#   c=64: callback client, 8 connections: throughput.
+# Usage: run_grpc_floor.sh BINDIR [ROUNDS] [SECONDS]
+#   BINDIR holds fusedserve, fusedserve_loadgen, fusedserve_grpc_floor_server
+#   (a build's bin folder, or a bundle-libs.sh bundle: then BINDIR/../env.sh
+#   is used). SERVERS (env) picks the rows, e.g. SERVERS="echo-async fusedserve".
+#   FS_FLAGS (env) adds flags to every fusedserve row.
+set -uo pipefail
+bin=$1
+rounds=${2:-3}
+secs=${3:-3}
+env_sh=""
+[ -x "$bin/../env.sh" ] && env_sh="$bin/../env.sh"
+port=50351
+mport=9251
+cores=$(nproc)
+out=${OUT:-/tmp}/grpc_floor
+mkdir -p "$out"
+rm -f "$out"/*.txt
+
+# name -> command line
+declare -A cmd
+cmd[echo-sync]="fusedserve_grpc_floor_server --model=sync"
+cmd[echo-callback]="fusedserve_grpc_floor_server --model=callback"
+cmd[echo-async]="fusedserve_grpc_floor_server --model=async --threads=$cores"
+cmd[echo-async-1cq]="fusedserve_grpc_floor_server --model=async --threads=1"
+cmd[echo-async-spin]="fusedserve_grpc_floor_server --model=async --threads=2 --spin"
+cmd[echo-async-args]="fusedserve_grpc_floor_server --model=async --threads=$cores --minimal_stack --bdp_probe=0 --max_concurrent_streams=256"
+fs="--listen=127.0.0.1:$port --metrics_listen=127.0.0.1:$mport --tuning_cache= --tune_at_startup=false ${FS_FLAGS:-}"
+cmd[fusedserve]="fusedserve $fs"
+cmd[fusedserve-base]="fusedserve-base $fs"
+servers=${SERVERS:-"echo-sync echo-callback echo-async echo-async-1cq echo-async-args fusedserve fusedserve-base"}
+
+run() { $env_sh "$bin/$@"; }
+serve() {
+  # shellcheck disable=SC2086
+  run ${cmd[$1]} --listen=127.0.0.1:$port > "$out/server-$1.log" 2>&1 &
+  srv=$!
+}
+stop() { kill -TERM "$srv" 2>/dev/null; wait "$srv" 2>/dev/null; }
+# The numeric row of the load generator's table: ok errors req/s p50 p90 p99 max mean.
+lg() {
+  run fusedserve_loadgen --target=127.0.0.1:$port --op=rms_norm --dtype=bf16 --shape=1,4096 \
+    --duration_s="$secs" --warmup_s=1 --check=false "$@" | awk '$1 ~ /^[0-9]+$/ && NF == 8'
+}
+
+for r in $(seq 1 "$rounds"); do
+  for s in $servers; do
+    if [ "$s" = fusedserve-base ] && [ ! -x "$bin/fusedserve-base" ]; then continue; fi
+    serve "$s"
+    lg --concurrency=1 --client_api=sync >> "$out/$s-c1.txt"
+    lg --concurrency=64 >> "$out/$s-c64.txt"
+    stop
+    echo "round $r $s: c1 $(tail -1 "$out/$s-c1.txt" | awk '{print $4" us p50"}'), c64 $(tail -1 "$out/$s-c64.txt" | awk '{print $3" req/s"}')" >&2
+  done
+done
+
+median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
+col() { awk -v c="$2" '{print $c}' "$1" | median; }
+echo "rms_norm bf16 [1,4096]; medians of $rounds interleaved rounds of $secs s; $(nproc) cores; $(uname -n)"
+echo
+echo "| server | c=1 p50 us | c=1 p99 us | c=1 p99/p50 | c=64 req/s | c=64 p50 us | c=64 p99 us |"
+echo "|---|---|---|---|---|---|---|"
+for s in $servers; do
+  [ -s "$out/$s-c1.txt" ] || continue
+  p50=$(col "$out/$s-c1.txt" 4)
+  p99=$(col "$out/$s-c1.txt" 6)
+  echo "| $s | $p50 | $p99 | $(awk -v a="$p99" -v b="$p50" 'BEGIN{printf "%.2f", a/b}') |" \
+    "$(col "$out/$s-c64.txt" 3) | $(col "$out/$s-c64.txt" 4) | $(col "$out/$s-c64.txt" 6) |"
+done

@@ -26,8 +26,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "server/batcher.h"
 #include "server/lifecycle.h"
 #include "server/model_rpc.h"
@@ -83,10 +85,19 @@ ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
           "together before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, inline_max_bytes, 0,
+ABSL_FLAG(int64_t, inline_max_bytes, 256 << 10,
           "Row-wise FusedOps (norms, softmax, activations, rope) with at most this many input bytes run on the gRPC "
           "thread that received them when the scheduler is idle (nothing queued or running): no hand-off to a "
-          "worker. Lowers c=1 latency; costs batching under load (gRPC threads compute). 0 (default) disables");
+          "worker and back (c=1 latency). Under load requests still queue and batch. 0 disables");
+ABSL_FLAG(std::string, fused_op_api, "callback",
+          "gRPC API serving FusedOp: callback (gRPC's callback threads receive, run small ops inline and answer) or "
+          "sync (gRPC's sync thread pool; the other RPCs stay on the callback API). See bench/run_grpc_floor.sh");
+ABSL_FLAG(int, grpc_pollers, 0,
+          "--fused_op_api=sync: most threads polling for new calls at once; 0 = CPU cores. Threads running calls "
+          "are extra, up to --grpc_max_threads");
+ABSL_FLAG(int, grpc_max_threads, 1024,
+          "--fused_op_api=sync: threads serving calls at most (a gRPC resource quota); calls beyond wait in gRPC's "
+          "queue");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for the gRPC port; with --tls_key enables TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -392,6 +403,12 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
 
   ServiceOptions service_options;
   service_options.limits = limits;
+  const std::string fused_op_api = absl::GetFlag(FLAGS_fused_op_api);
+  if (fused_op_api != "callback" && fused_op_api != "sync") {
+    LogError("--fused_op_api must be callback or sync (got '" + fused_op_api + "')");
+    return 1;
+  }
+  service_options.sync_fused_op = fused_op_api == "sync";
   FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
   service.set_engine(engine->get());
 
@@ -410,6 +427,23 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.RegisterService(&service);
+  grpc::CallbackGenericService unknown_methods;
+  if (service.fused_op_service() != nullptr) {
+    // FusedOp on the sync API: the pool thread that receives a call serves it.
+    builder.RegisterService(service.fused_op_service());
+    // FusedOp is "generic" in `service` (so that it is registered once); gRPC
+    // then wants a generic service, which answers every unknown method with
+    // UNIMPLEMENTED, as gRPC itself would.
+    builder.RegisterCallbackGenericService(&unknown_methods);
+    int pollers = absl::GetFlag(FLAGS_grpc_pollers);
+    if (pollers <= 0) pollers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, pollers);
+    grpc::ResourceQuota quota("fusedserve");
+    quota.SetMaxThreads(std::max(2, absl::GetFlag(FLAGS_grpc_max_threads)));
+    builder.SetResourceQuota(quota);
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     LogError("cannot listen on " + listen);

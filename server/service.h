@@ -1,10 +1,17 @@
-// The fusedserve.v1.FusedServe gRPC service on the callback API. Validation
-// runs on the gRPC thread (cheap); ops run on the scheduler's workers, which
-// finish the RPC. Errors are absl::Status inside, mapped 1:1 to gRPC codes here.
+// The fusedserve.v1.FusedServe gRPC service on the callback API. A FusedOp is
+// parsed and validated on the gRPC thread that received it and handed to the
+// scheduler, which runs small ops right there when idle (no hand-off to a
+// worker and back) and otherwise queues them for a launch, merged with others
+// under load; whichever thread ran it encodes and sends the response.
+// --fused_op_api=sync serves FusedOp on gRPC's sync API instead (see
+// fused_op_service; measured by bench/run_grpc_floor.sh). Errors are
+// absl::Status inside, mapped 1:1 to gRPC codes here.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
 #include "server/grpc_status.h"
@@ -18,6 +25,9 @@ class Engine;  // engine/engine.h: the generation engine (TransformerBlock, Gene
 
 struct ServiceOptions {
   ValidationLimits limits;
+  // FusedOp on gRPC's sync API: this service leaves FusedOp to
+  // fused_op_service(), which the server registers beside it.
+  bool sync_fused_op = false;
 };
 
 // FusedOp is registered raw (bytes in, bytes out) and parsed here: on a body
@@ -38,6 +48,7 @@ class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_Fus
   // Drain, step 2 (the grace ran out): running FusedOps stop at their next
   // check and answer UNAVAILABLE.
   void AbortInFlight() { aborted_.store(true); }
+  ~FusedServeService() override;
   // Waits up to `timeout` for the calls in progress (FusedOp,
   // TransformerBlock, Generate streams) to finish; true when none is left.
   bool WaitIdle(absl::Duration timeout);
@@ -49,6 +60,15 @@ class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_Fus
   // A body that is not a FusedOpRequest: INVALID_ARGUMENT saying so.
   grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
                                     grpc::ByteBuffer* raw_response) override;
+  // With options.sync_fused_op: FusedOp's sync-API service, to register
+  // beside this one (the server then needs a generic service too, as this one
+  // marks FusedOp generic). nullptr otherwise.
+  grpc::Service* fused_op_service() { return fused_op_service_.get(); }
+  // The sync-API FusedOp, on the thread that received it: returns once the
+  // response is in `raw_response` or the call failed.
+  grpc::Status HandleFusedOp(grpc::ServerContext* ctx, const grpc::ByteBuffer& raw_request,
+                             grpc::ByteBuffer* raw_response);
+  Metrics* metrics() const { return metrics_; }
   grpc::ServerUnaryReactor* TransformerBlock(grpc::CallbackServerContext* ctx,
                                              const v1::TransformerBlockRequest* request,
                                              v1::TransformerBlockResponse* response) override;
@@ -61,10 +81,25 @@ class FusedServeService final : public v1::FusedServe::WithRawCallbackMethod_Fus
   void Finish(grpc::ServerUnaryReactor* reactor, const std::string& rpc, const std::string& op, absl::Time start,
               const absl::Status& status);
 
+  // FusedOp's steps, shared by both APIs. Decode parses and validates (the
+  // receive and decode stages) and sets *op to the metrics label; Encode
+  // writes the response (the encode stage); FinishFusedOp counts the call.
+  absl::StatusOr<OpRequest> DecodeFusedOp(const grpc::ByteBuffer& raw_request, absl::Time start, std::string* op);
+  OpTask MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx);
+  absl::Status EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response);
+  grpc::Status FinishFusedOp(const std::string& op, absl::Time start, const absl::Status& status);
+  // The callback API's FusedOp calls: reactors recycled through a pool.
+  class FusedOpCall;
+  FusedOpCall* NewFusedOpCall();
+  void RecycleFusedOpCall(FusedOpCall* call);
+
   Backend* const backend_;
   OpScheduler* const scheduler_;
   Metrics* const metrics_;
   const ServiceOptions options_;
+  std::unique_ptr<grpc::Service> fused_op_service_;
+  absl::Mutex pool_mu_;
+  std::vector<void*> pool_ ABSL_GUARDED_BY(pool_mu_);  // FusedOpCall-sized blocks
   // An RPC this service started and has not finished.
   void CallStarted();
   void CallFinished();

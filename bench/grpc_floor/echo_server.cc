@@ -27,6 +27,7 @@
 #include "absl/flags/usage.h"
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50300", "HOST:PORT");
@@ -38,6 +39,9 @@ ABSL_FLAG(int, max_concurrent_streams, 0, "GRPC_ARG_MAX_CONCURRENT_STREAMS (0: g
 ABSL_FLAG(bool, minimal_stack, false, "GRPC_ARG_MINIMAL_STACK (no deadline/census filters)");
 ABSL_FLAG(int, quota_threads, 0, "ResourceQuota::SetMaxThreads (0: none)");
 ABSL_FLAG(int, bdp_probe, -1, "GRPC_ARG_HTTP2_BDP_PROBE (-1: gRPC's default)");
+ABSL_FLAG(bool, health, false,
+          "Also serve gRPC's default health service (callback API in gRPC 1.51), as a real server does: with "
+          "--model=sync or async the server then has two kinds of polling threads");
 
 namespace fusedserve {
 namespace {
@@ -52,7 +56,9 @@ void Echo(const FusedOpRequest& request, FusedOpResponse* response) {
   response->set_backend("echo");
 }
 
-std::string DeviceName() { return "echo-" + absl::GetFlag(FLAGS_model); }
+std::string DeviceName() {
+  return "echo-" + absl::GetFlag(FLAGS_model) + (absl::GetFlag(FLAGS_health) ? "+health" : "");
+}
 
 class SyncEcho final : public v1::FusedServe::Service {
   grpc::Status FusedOp(grpc::ServerContext*, const FusedOpRequest* request, FusedOpResponse* response) override {
@@ -156,6 +162,7 @@ int Main() {
   const std::string model = absl::GetFlag(FLAGS_model);
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (absl::GetFlag(FLAGS_health)) grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);

@@ -10,7 +10,10 @@
 #   BINDIR holds fusedserve, fusedserve_loadgen, fusedserve_grpc_floor_server
 #   (a build's bin folder, or a bundle-libs.sh bundle: then BINDIR/../env.sh
 #   is used). SERVERS (env) picks the rows, e.g. SERVERS="echo-async fusedserve".
-#   FS_FLAGS (env) adds flags to every fusedserve row.
+#   FS_FLAGS (env) adds flags to every fusedserve row. Rows: echo-{sync,
+#   callback,async}[-health] (bare gRPC), fusedserve (this build's defaults),
+#   fusedserve-{callback,sync,async} (--fused_op_api), fusedserve-nozc (CUDA
+#   without zero-copy), fusedserve-base[-inline] (BINDIR/fusedserve-base).
 set -uo pipefail
 bin=$1
 rounds=${2:-3}
@@ -37,12 +40,14 @@ cmd[echo-async-args]="fusedserve_grpc_floor_server --model=async --threads=$core
 fs="--listen=127.0.0.1:$port --metrics_listen=127.0.0.1:$mport --tuning_cache= --tune_at_startup=false ${FS_FLAGS:-}"
 cmd[fusedserve]="fusedserve $fs"
 cmd[fusedserve-sync]="fusedserve $fs --fused_op_api=sync"
+cmd[fusedserve-async]="fusedserve $fs --fused_op_api=async"
+cmd[fusedserve-callback]="fusedserve $fs --fused_op_api=callback"
 cmd[fusedserve-nozc]="fusedserve $fs"  # CUDA: copies through device memory (no zero-copy)
 declare -A envs
 envs[fusedserve-nozc]="FUSEDSERVE_ZERO_COPY=0"
 cmd[fusedserve-base]="fusedserve-base $fs"
 cmd[fusedserve-base-inline]="fusedserve-base $fs --inline_max_bytes=262144"
-servers=${SERVERS:-"echo-sync echo-callback echo-async echo-async-1cq echo-async-args fusedserve fusedserve-base"}
+servers=${SERVERS:-"echo-sync echo-sync-health echo-callback echo-async echo-async-health fusedserve-base fusedserve fusedserve-callback fusedserve-sync"}
 
 # Started directly (env.sh execs), so that $! is the server itself: a server
 # left running would share the port (gRPC sets SO_REUSEPORT) and answer the

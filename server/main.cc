@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -89,12 +90,13 @@ ABSL_FLAG(int64_t, inline_max_bytes, 256 << 10,
           "Row-wise FusedOps (norms, softmax, activations, rope) with at most this many input bytes run on the gRPC "
           "thread that received them when the scheduler is idle (nothing queued or running): no hand-off to a "
           "worker and back (c=1 latency). Under load requests still queue and batch. 0 disables");
-ABSL_FLAG(std::string, fused_op_api, "callback",
-          "gRPC API serving FusedOp: callback (gRPC's callback threads receive, run small ops inline and answer) or "
-          "sync (gRPC's sync thread pool; the other RPCs stay on the callback API). See bench/run_grpc_floor.sh");
+ABSL_FLAG(std::string, fused_op_api, "async",
+          "gRPC API serving FusedOp: async (completion queues, one dedicated polling thread each; the thread that "
+          "receives a call runs small ops inline and answers), callback (gRPC's callback threads) or sync (gRPC's "
+          "sync thread pool); the other RPCs use the callback API. See bench/run_grpc_floor.sh");
 ABSL_FLAG(int, grpc_pollers, 0,
-          "--fused_op_api=sync: most threads polling for new calls at once; 0 = CPU cores. Threads running calls "
-          "are extra, up to --grpc_max_threads");
+          "--fused_op_api=sync: most threads polling for new calls at once (threads running calls are extra, up "
+          "to --grpc_max_threads); async: completion queues, one polling thread each. 0 = CPU cores, at most 16");
 ABSL_FLAG(int, grpc_max_threads, 1024,
           "--fused_op_api=sync: threads serving calls at most (a gRPC resource quota); calls beyond wait in gRPC's "
           "queue");
@@ -404,11 +406,13 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   ServiceOptions service_options;
   service_options.limits = limits;
   const std::string fused_op_api = absl::GetFlag(FLAGS_fused_op_api);
-  if (fused_op_api != "callback" && fused_op_api != "sync") {
-    LogError("--fused_op_api must be callback or sync (got '" + fused_op_api + "')");
+  if (fused_op_api != "callback" && fused_op_api != "sync" && fused_op_api != "async") {
+    LogError("--fused_op_api must be callback, sync or async (got '" + fused_op_api + "')");
     return 1;
   }
-  service_options.sync_fused_op = fused_op_api == "sync";
+  service_options.fused_op_api = fused_op_api == "sync"    ? ServiceOptions::FusedOpApi::kSync
+                                 : fused_op_api == "async" ? ServiceOptions::FusedOpApi::kAsync
+                                                           : ServiceOptions::FusedOpApi::kCallback;
   FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
   service.set_engine(engine->get());
 
@@ -435,19 +439,29 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     // then wants a generic service, which answers every unknown method with
     // UNIMPLEMENTED, as gRPC itself would.
     builder.RegisterCallbackGenericService(&unknown_methods);
-    int pollers = absl::GetFlag(FLAGS_grpc_pollers);
-    if (pollers <= 0) pollers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  int pollers = absl::GetFlag(FLAGS_grpc_pollers);
+  if (pollers <= 0) pollers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> fused_op_cqs;
+  if (fused_op_api == "sync") {
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, pollers);
     grpc::ResourceQuota quota("fusedserve");
     quota.SetMaxThreads(std::max(2, absl::GetFlag(FLAGS_grpc_max_threads)));
     builder.SetResourceQuota(quota);
+  } else if (fused_op_api == "async") {
+    for (int i = 0; i < pollers; ++i) fused_op_cqs.push_back(builder.AddCompletionQueue());
   }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     LogError("cannot listen on " + listen);
     return 1;
+  }
+  if (!fused_op_cqs.empty()) {
+    std::vector<grpc::ServerCompletionQueue*> cqs;
+    for (auto& cq : fused_op_cqs) cqs.push_back(cq.get());
+    service.StartAsync(cqs);
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
@@ -472,6 +486,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
 
   lifecycle.WaitForShutdown();
   Drain(*server, service, **engine, metrics);
+  service.StopAsync();
   server->Wait();
   (*engine)->Shutdown();
   scheduler->Shutdown();

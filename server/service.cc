@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -13,14 +14,16 @@ namespace fusedserve {
 
 namespace {
 std::unique_ptr<grpc::Service> MakeFusedOpService(FusedServeService* service);
+std::unique_ptr<grpc::Service> MakeAsyncFusedOpService();
 }  // namespace
 
 FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options)
     : backend_(backend), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {
-  if (options_.sync_fused_op) {
+  if (options_.fused_op_api != ServiceOptions::FusedOpApi::kCallback) {
     // Registered once, by fused_op_service(): not by this service.
     grpc::Service::MarkMethodGeneric(0);
-    fused_op_service_ = MakeFusedOpService(this);
+    fused_op_service_ = options_.fused_op_api == ServiceOptions::FusedOpApi::kSync ? MakeFusedOpService(this)
+                                                                                   : MakeAsyncFusedOpService();
   }
 }
 
@@ -108,6 +111,21 @@ std::unique_ptr<grpc::Service> MakeFusedOpService(FusedServeService* service) {
   return std::make_unique<FusedOpService>(service);
 }
 
+// FusedOp as an async method with raw bodies (--fused_op_api=async).
+class AsyncFusedOpService final : public grpc::Service {
+ public:
+  AsyncFusedOpService() {
+    AddMethod(new grpc::internal::RpcServiceMethod(kFusedOpMethod, grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+    grpc::Service::MarkMethodRaw(0);
+  }
+  void Request(grpc::ServerContext* ctx, grpc::ByteBuffer* request,
+               grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer, grpc::ServerCompletionQueue* cq, void* tag) {
+    RequestAsyncUnary(0, ctx, request, writer, cq, cq, tag);
+  }
+};
+
+std::unique_ptr<grpc::Service> MakeAsyncFusedOpService() { return std::make_unique<AsyncFusedOpService>(); }
+
 // FusedOp messages live on this thread's protobuf arena, reset when the step
 // that made them ends (the request once validated: its tensor bytes have
 // moved into the OpRequest; the response once serialized): no per-message
@@ -170,7 +188,126 @@ class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
   grpc::ByteBuffer* response_ = nullptr;
 };
 
+// One async-API call slot (--fused_op_api=async): requested on its queue,
+// run when a call arrives (on the polling thread; inline when the scheduler
+// is idle), answered from whichever thread ran it, then requested again once
+// both the answer's completion and the call's done notice (which makes
+// IsCancelled valid on the async API) have come back, in either order. No
+// allocation per call.
+class FusedServeService::AsyncFusedOpSlot {
+ public:
+  AsyncFusedOpSlot(FusedServeService* service, grpc::ServerCompletionQueue* cq)
+      : service_(service), cq_(cq), async_(static_cast<AsyncFusedOpService*>(service->fused_op_service_.get())) {}
+
+  // Requests the next call unless the service is stopping.
+  void Request() {
+    absl::MutexLock lock(&service_->async_mu_);
+    if (service_->async_stopping_) return;
+    request_.Clear();
+    response_.Clear();
+    writer_.reset();
+    ctx_.reset();
+    ctx_.emplace();
+    ctx_->AsyncNotifyWhenDone(&done_tag_);
+    writer_.emplace(&*ctx_);
+    answering_ = false;
+    events_left_ = 2;  // once a call came: the answer's completion and the done notice
+    async_->Request(&*ctx_, &request_, &*writer_, cq_, &main_tag_);
+  }
+
+  // A queue event: one of a slot's two tags.
+  struct Tag {
+    AsyncFusedOpSlot* slot;
+    bool done_notice;
+  };
+  static void Proceed(void* tag, bool ok) {
+    Tag* t = static_cast<Tag*>(tag);
+    if (t->done_notice) return t->slot->Event();
+    t->slot->Proceed(ok);
+  }
+
+ private:
+  void Proceed(bool ok) {
+    if (answering_) {  // the answer has been sent (or the call is gone)
+      if (ok) service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending_));
+      return Event();
+    }
+    if (!ok) return;  // the server is shutting down: no call came
+    answering_ = true;
+    start_ = absl::Now();
+    service_->CallStarted();
+    absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(request_, start_, &op_);
+    if (!request.ok()) return Done(request.status());
+    OpTask task = service_->MakeFusedOpTask(*std::move(request), &*ctx_);
+    task.done = [this](absl::StatusOr<TensorMap> result) {
+      Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), &response_) : result.status());
+    };
+    if (absl::Status s = service_->scheduler_->Submit(std::move(task)); !s.ok()) Done(s);
+  }
+
+  // One of the call's two closing events; after both, the slot is free.
+  void Event() {
+    if (--events_left_ == 0) Request();
+  }
+
+  void Done(const absl::Status& status) {
+    const grpc::Status g = service_->FinishFusedOp(op_, start_, status);
+    sending_ = absl::Now();
+    if (g.ok()) {
+      writer_->Finish(response_, g, &main_tag_);
+    } else {
+      writer_->FinishWithError(g, &main_tag_);
+    }
+  }
+
+  FusedServeService* const service_;
+  grpc::ServerCompletionQueue* const cq_;
+  AsyncFusedOpService* const async_;
+  Tag main_tag_{this, false};  // the call's arrival and its answer's completion
+  Tag done_tag_{this, true};   // the call's done notice
+  std::optional<grpc::ServerContext> ctx_;
+  std::optional<grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>> writer_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  // Touched by the slot's queue thread only (and by Done, which runs before
+  // the events it causes): the queue orders them.
+  bool answering_ = false;
+  int events_left_ = 0;
+  absl::Time start_;
+  absl::Time sending_;
+  std::string op_;
+};
+
+void FusedServeService::StartAsync(const std::vector<grpc::ServerCompletionQueue*>& cqs) {
+  async_cqs_ = cqs;
+  for (grpc::ServerCompletionQueue* cq : cqs) {
+    for (int i = 0; i < std::max(1, options_.async_calls_per_cq); ++i) {
+      async_slots_.push_back(std::make_unique<AsyncFusedOpSlot>(this, cq));
+      async_slots_.back()->Request();
+    }
+  }
+  for (grpc::ServerCompletionQueue* cq : cqs) async_threads_.emplace_back([this, cq] { PollAsync(cq); });
+}
+
+void FusedServeService::PollAsync(grpc::ServerCompletionQueue* cq) {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq->Next(&tag, &ok)) AsyncFusedOpSlot::Proceed(tag, ok);
+}
+
+void FusedServeService::StopAsync() {
+  {
+    absl::MutexLock lock(&async_mu_);
+    if (async_stopping_) return;
+    async_stopping_ = true;
+  }
+  for (grpc::ServerCompletionQueue* cq : async_cqs_) cq->Shutdown();
+  for (std::thread& t : async_threads_) t.join();
+  async_threads_.clear();
+}
+
 FusedServeService::~FusedServeService() {
+  StopAsync();
   absl::MutexLock lock(&pool_mu_);
   for (void* block : pool_) ::operator delete(block);
 }

@@ -1,8 +1,11 @@
 // The FusedOp hot path (issue 18): small ops run on the gRPC thread that
 // received them (inline, counted by fusedserve_inline_launches_total), every
 // request's stages land in fusedserve_fused_op_stage_seconds, concurrent
-// requests still merge (the batcher), and both gRPC APIs (--fused_op_api)
-// answer the same. Generate streams observe fusedserve_generate_token_send_seconds.
+// requests still merge (the batcher), and the three gRPC APIs
+// (--fused_op_api: async by default, callback, sync) answer the same. Generate streams observe
+// fusedserve_generate_token_send_seconds.
+#include <signal.h>
+
 #include <chrono>
 #include <map>
 #include <string>
@@ -90,6 +93,9 @@ TEST(FusedOpPath, SequentialCallsRunInlineAndStampEveryStage) { SequentialCallsR
 TEST(FusedOpPath, SyncApiRunsInlineAndStampsEveryStage) {
   SequentialCallsRunInlineAndStampEveryStage({"--fused_op_api=sync"});
 }
+TEST(FusedOpPath, CallbackApiRunsInlineAndStampsEveryStage) {
+  SequentialCallsRunInlineAndStampEveryStage({"--fused_op_api=callback"});
+}
 
 TEST(FusedOpPath, InlineOffSendsEveryRequestToTheWorkers) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--inline_max_bytes=0"});
@@ -101,9 +107,9 @@ TEST(FusedOpPath, InlineOffSendsEveryRequestToTheWorkers) {
 }
 
 TEST(FusedOpPath, BadFusedOpApiFlagIsRejected) {
-  std::unique_ptr<ServerProcess> server = ServerProcess::Spawn({"--fused_op_api=async"});
+  std::unique_ptr<ServerProcess> server = ServerProcess::Spawn({"--fused_op_api=bogus"});
   EXPECT_EQ(server->WaitExit(30), 1);
-  EXPECT_NE(server->Log().find("--fused_op_api must be callback or sync"), std::string::npos) << server->Log();
+  EXPECT_NE(server->Log().find("--fused_op_api must be callback, sync or async"), std::string::npos) << server->Log();
 }
 
 // Under concurrency requests still merge: with a batch delay long enough for
@@ -134,6 +140,16 @@ void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
 
 TEST(FusedOpPath, ConcurrentCallsStillBatch) { ConcurrentCallsStillBatch({}); }
 TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheSyncApi) { ConcurrentCallsStillBatch({"--fused_op_api=sync"}); }
+TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheCallbackApi) { ConcurrentCallsStillBatch({"--fused_op_api=callback"}); }
+
+// The async API's queues (the default) stop cleanly on SIGTERM (drain, then exit 0).
+TEST(FusedOpPath, AsyncApiDrainsOnSigterm) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--grpc_pollers=2"});
+  ASSERT_NE(server, nullptr);
+  CallAndCheck(*server, 7);
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->WaitExit(30), 0) << server->Log();
+}
 
 TEST(FusedOpPath, GenerateObservesTokenSendTime) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start();

@@ -68,7 +68,9 @@ lg() {
   shift
   $env_sh "$bin/fusedserve_loadgen" --target=127.0.0.1:$port --op=rms_norm --dtype=bf16 --shape=1,4096 \
     --duration_s="$secs" --warmup_s="${WARMUP:-1}" --check=false "$@" > "$out/lg.txt" 2>&1
-  awk '$1 ~ /^[0-9]+$/ && NF == 8' "$out/lg.txt" >> "$f"
+  awk '$1 ~ /^[0-9]+$/ && NF >= 8 {print $1, $2, $3, $4, $5, $6, $7, $8}' "$out/lg.txt" >> "$f"
+  # With --metrics the row has a ninth column: the mean batch size.
+  awk '$1 ~ /^[0-9]+$/ && NF == 9 {print $9}' "$out/lg.txt" >> "${f%.txt}-batch.txt"
   grep -m1 '^server:' "$out/lg.txt" | sed 's/^server: *//' >> "$out/$s-device.txt"
 }
 
@@ -78,7 +80,9 @@ for r in $(seq 1 "$rounds"); do
     serve "$s"
     lg "$out/$s-c1.txt" --concurrency=1 --client_api=sync
     case $s in fusedserve*) curl -s "127.0.0.1:$mport/metrics" > "$out/$s-c1-metrics.txt" ;; esac
-    lg "$out/$s-c64.txt" --concurrency=64
+    metrics=""
+    case $s in fusedserve*) metrics="--metrics=127.0.0.1:$mport" ;; esac
+    lg "$out/$s-c64.txt" --concurrency=64 $metrics
     stop
     echo "round $r $s: c1 $(tail -1 "$out/$s-c1.txt" | awk '{print $4" us p50"}'), c64 $(tail -1 "$out/$s-c64.txt" | awk '{print $3" req/s"}')" >&2
   done
@@ -88,14 +92,15 @@ median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR 
 col() { awk -v c="$2" '{print $c}' "$1" | median; }
 echo "rms_norm bf16 [1,4096]; medians of $rounds interleaved rounds of $secs s; $(nproc) cores; $(uname -n)"
 echo
-echo "| server | answered by | c=1 p50 us | c=1 p99 us | c=1 p99/p50 | c=64 req/s | c=64 p50 us | c=64 p99 us |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| server | answered by | c=1 p50 us | c=1 p99 us | c=1 p99/p50 | c=64 req/s | c=64 p50 us | c=64 p99 us | c=64 batch |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for s in $servers; do
   [ -s "$out/$s-c1.txt" ] || continue
   p50=$(col "$out/$s-c1.txt" 4)
   p99=$(col "$out/$s-c1.txt" 6)
   echo "| $s | $(sort -u "$out/$s-device.txt" | paste -sd/) | $p50 | $p99 | $(awk -v a="$p99" -v b="$p50" 'BEGIN{printf "%.2f", a/b}') |" \
-    "$(col "$out/$s-c64.txt" 3) | $(col "$out/$s-c64.txt" 4) | $(col "$out/$s-c64.txt" 6) |"
+    "$(col "$out/$s-c64.txt" 3) | $(col "$out/$s-c64.txt" 4) | $(col "$out/$s-c64.txt" 6) |" \
+    "$( [ -s "$out/$s-c64-batch.txt" ] && col "$out/$s-c64-batch.txt" 1 || echo -) |"
 done
 
 # Where a c=1 FusedOp spends its time (last round; fusedserve_fused_op_stage_seconds).

@@ -504,6 +504,7 @@ void Engine::ForwardAndSample(int64_t left) {
     return;
   }
   const absl::Time t = absl::Now();
+  sampled_at_ = t;
   const int64_t vocab = config().vocab;
   std::vector<bool> finished(running_.size(), false);
   for (size_t b = 0; b < batch.size(); ++b) {

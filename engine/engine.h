@@ -159,6 +159,9 @@ class Engine {
   void Wake();
   // Fails every queued and running request with UNAVAILABLE and joins the thread.
   void Shutdown();
+  // When the tokens being handed to sinks were sampled (their step's end);
+  // only meaningful inside GenerationSink::OnToken (the engine thread).
+  absl::Time sampled_at() const { return sampled_at_; }
 
  private:
   struct Sequence;
@@ -197,6 +200,7 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;  // engine thread only, admission order
   std::unique_ptr<ActiveBlock> block_;              // engine thread only
   std::thread thread_;
+  absl::Time sampled_at_ = absl::InfinitePast();  // see sampled_at()
 };
 
 }  // namespace fusedserve

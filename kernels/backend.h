@@ -30,6 +30,20 @@ class Backend {
   absl::StatusOr<TensorMap> Run(const OpRequest& request) { return Run(request, StopCheck()); }
 };
 
+// Where the last Backend::Run on this thread spent its time, for the server's
+// latency breakdown (fusedserve_fused_op_stage_seconds): a backend that
+// splits its work (CUDA: copies in, kernels, copies out) sets it before Run
+// returns; the caller clears it before Run and reads it after, on the same
+// thread. Left invalid, the whole Run counts as "kernel".
+struct BackendStageTimes {
+  bool valid = false;
+  double h2d = 0, kernel = 0, d2h = 0;  // seconds
+};
+inline BackendStageTimes& ThisThreadStageTimes() {
+  static thread_local BackendStageTimes t;
+  return t;
+}
+
 // Output names and shapes of a validated request (same for every backend).
 OutputShapeList OutputShapes(const OpRequest& request);
 

@@ -292,6 +292,7 @@ class Batcher : public OpScheduler {
       // under load requests still reach the queue (and batch).
       ++running_;
       lock.Release();
+      metrics_->inline_launches().Increment();
       std::vector<Pending> batch;
       batch.push_back(std::move(pending));
       Launch(std::move(batch));
@@ -449,6 +450,7 @@ class Batcher : public OpScheduler {
       ++running_;
     }
     absl::StatusOr<TensorMap> result = RunOnBackend(*backend_, request, tasks, stopped);
+    RecordLaunchStages(*metrics_);
     *counted = false;
     Release();
     return result;

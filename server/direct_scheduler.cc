@@ -47,8 +47,12 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
     *stopped = std::move(each);
     return stopped->front();
   };
+  BackendStageTimes& times = ThisThreadStageTimes();
+  times = BackendStageTimes();
+  const absl::Time start = absl::Now();
   try {
     absl::StatusOr<TensorMap> result = backend.Run(request, stop);
+    if (!times.valid) times = {true, 0, absl::ToDoubleSeconds(absl::Now() - start), 0};
     if (result.ok()) stopped->clear();
     return result;
   } catch (const std::bad_alloc&) {
@@ -56,6 +60,14 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
     return absl::ResourceExhaustedError(
         absl::StrCat(request.op, ": out of host memory while running the request; retry later or send less"));
   }
+}
+
+void RecordLaunchStages(Metrics& metrics) {
+  const BackendStageTimes& t = ThisThreadStageTimes();
+  if (!t.valid) return;
+  metrics.RecordStage(Metrics::Stage::kH2D, t.h2d);
+  metrics.RecordStage(Metrics::Stage::kKernel, t.kernel);
+  metrics.RecordStage(Metrics::Stage::kD2H, t.d2h);
 }
 
 bool RunsInline(const OpRequest& request, int64_t max_bytes) {
@@ -95,6 +107,7 @@ class DirectScheduler : public OpScheduler {
       }
       ++running_;  // an inline run holds a worker slot like a worker does
     }
+    metrics_->inline_launches().Increment();
     Execute(task);
     absl::MutexLock lock(&mu_);
     --running_;
@@ -148,6 +161,7 @@ class DirectScheduler : public OpScheduler {
     }
     std::vector<absl::Status> stopped;
     absl::StatusOr<TensorMap> result = RunOnBackend(*backend_, task.request, {&task}, &stopped);
+    RecordLaunchStages(*metrics_);
     metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - start));
     metrics_->RecordBatch(op, 1);
     task.done(std::move(result));

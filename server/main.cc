@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -26,8 +27,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "model/kernel_shapes.h"
 #include "server/batcher.h"
 #include "server/lifecycle.h"
@@ -84,10 +87,20 @@ ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
           "together before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, worker_threads, 0, "Threads running FusedOp requests; 0 = CPU cores (CPU) or 2 (CUDA)");
 ABSL_FLAG(int, max_queue, 1024, "FusedOp requests queued before RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, inline_max_bytes, 0,
+ABSL_FLAG(int64_t, inline_max_bytes, 256 << 10,
           "Row-wise FusedOps (norms, softmax, activations, rope) with at most this many input bytes run on the gRPC "
           "thread that received them when the scheduler is idle (nothing queued or running): no hand-off to a "
-          "worker. Lowers c=1 latency; costs batching under load (gRPC threads compute). 0 (default) disables");
+          "worker and back (c=1 latency). Under load requests still queue and batch. 0 disables");
+ABSL_FLAG(std::string, fused_op_api, "async",
+          "gRPC API serving FusedOp: async (completion queues, one dedicated polling thread each; the thread that "
+          "receives a call runs small ops inline and answers), callback (gRPC's callback threads) or sync (gRPC's "
+          "sync thread pool); the other RPCs use the callback API. See bench/run_grpc_floor.sh");
+ABSL_FLAG(int, grpc_pollers, 0,
+          "--fused_op_api=sync: most threads polling for new calls at once (threads running calls are extra, up "
+          "to --grpc_max_threads); async: completion queues, one polling thread each. 0 = CPU cores, at most 16");
+ABSL_FLAG(int, grpc_max_threads, 1024,
+          "--fused_op_api=sync: threads serving calls at most (a gRPC resource quota); calls beyond wait in gRPC's "
+          "queue");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for the gRPC port; with --tls_key enables TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -399,6 +412,14 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   }
   ServiceOptions service_options;
   service_options.limits = limits;
+  const std::string fused_op_api = absl::GetFlag(FLAGS_fused_op_api);
+  if (fused_op_api != "callback" && fused_op_api != "sync" && fused_op_api != "async") {
+    LogError("--fused_op_api must be callback, sync or async (got '" + fused_op_api + "')");
+    return 1;
+  }
+  service_options.fused_op_api = fused_op_api == "sync"    ? ServiceOptions::FusedOpApi::kSync
+                                 : fused_op_api == "async" ? ServiceOptions::FusedOpApi::kAsync
+                                                           : ServiceOptions::FusedOpApi::kCallback;
   FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -416,10 +437,37 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.RegisterService(&service);
+  grpc::CallbackGenericService unknown_methods;
+  if (service.fused_op_service() != nullptr) {
+    // FusedOp on the sync API: the pool thread that receives a call serves it.
+    builder.RegisterService(service.fused_op_service());
+    // FusedOp is "generic" in `service` (so that it is registered once); gRPC
+    // then wants a generic service, which answers every unknown method with
+    // UNIMPLEMENTED, as gRPC itself would.
+    builder.RegisterCallbackGenericService(&unknown_methods);
+  }
+  int pollers = absl::GetFlag(FLAGS_grpc_pollers);
+  if (pollers <= 0) pollers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> fused_op_cqs;
+  if (fused_op_api == "sync") {
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, pollers);
+    grpc::ResourceQuota quota("fusedserve");
+    quota.SetMaxThreads(std::max(2, absl::GetFlag(FLAGS_grpc_max_threads)));
+    builder.SetResourceQuota(quota);
+  } else if (fused_op_api == "async") {
+    for (int i = 0; i < pollers; ++i) fused_op_cqs.push_back(builder.AddCompletionQueue());
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     LogError("cannot listen on " + listen);
     return 1;
+  }
+  if (!fused_op_cqs.empty()) {
+    std::vector<grpc::ServerCompletionQueue*> cqs;
+    for (auto& cq : fused_op_cqs) cqs.push_back(cq.get());
+    service.StartAsync(cqs);
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
@@ -481,6 +529,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
 
   lifecycle.WaitForShutdown();
   Drain(*server, service, **engine, metrics);
+  service.StopAsync();
   server->Wait();
   (*engine)->Shutdown();
   scheduler->Shutdown();

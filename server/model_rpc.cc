@@ -197,6 +197,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     {
       absl::MutexLock lock(&mu_);
       if (finishing_) return false;
+      if (pending_.token_ids_size() == 0) pending_sampled_ = engine_ != nullptr ? engine_->sampled_at() : absl::Now();
       pending_.add_token_ids(token);
       pending_.mutable_text()->append(piece);
       if (lp != nullptr && logprobs_) *pending_.add_logprobs() = std::move(position);
@@ -243,6 +244,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   // gRPC reactions.
   void OnWriteDone(bool ok) override {
+    if (ok && metrics_ != nullptr && in_flight_sampled_ != absl::InfinitePast()) {
+      // The oldest token of the message just sent: sampled -> left the server.
+      metrics_->token_send().Observe(absl::ToDoubleSeconds(absl::Now() - in_flight_sampled_));
+    }
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
@@ -276,6 +281,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       if (has_payload && !cancelled_.load()) {
         in_flight_.Swap(&pending_);
         pending_.Clear();
+        in_flight_sampled_ = in_flight_.token_ids_size() > 0 ? pending_sampled_ : absl::InfinitePast();
         writing_ = true;
         action = kWrite;
       } else if (finishing_) {
@@ -343,6 +349,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;       // final status known
   bool finish_started_ ABSL_GUARDED_BY(mu_) = false;  // Finish called
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
+
+  // When the first token of pending_ / in_flight_ was sampled (in_flight_:
+  // InfinitePast when it carries none), for fusedserve_generate_token_send_seconds.
+  absl::Time pending_sampled_ ABSL_GUARDED_BY(mu_);
+  absl::Time in_flight_sampled_ = absl::InfinitePast();
 };
 
 }  // namespace

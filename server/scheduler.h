@@ -72,7 +72,12 @@ absl::Status CheckQueuedBytes(int64_t queued, int64_t bytes, int64_t max_queued_
 // its deadline, and then each task's own status is returned in `stopped`
 // (empty otherwise). A failed allocation (std::bad_alloc) becomes
 // RESOURCE_EXHAUSTED for this launch alone.
+// Also leaves the launch's stage times in ThisThreadStageTimes() (the whole
+// call as "kernel" when the backend does not split it) for RecordLaunchStages.
 absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& request,
                                        const std::vector<const OpTask*>& tasks, std::vector<absl::Status>* stopped);
+
+// The h2d / kernel / d2h stages of the launch RunOnBackend just ran on this thread.
+void RecordLaunchStages(Metrics& metrics);
 
 }  // namespace fusedserve

@@ -2,14 +2,30 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "google/protobuf/arena.h"
+#include "grpcpp/support/method_handler.h"
 #include "server/model_rpc.h"
 
 namespace fusedserve {
 
+namespace {
+std::unique_ptr<grpc::Service> MakeFusedOpService(FusedServeService* service);
+std::unique_ptr<grpc::Service> MakeAsyncFusedOpService();
+}  // namespace
+
 FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options)
-    : backend_(backend), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {}
+    : backend_(backend), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {
+  if (options_.fused_op_api != ServiceOptions::FusedOpApi::kCallback) {
+    // Registered once, by fused_op_service(): not by this service.
+    grpc::Service::MarkMethodGeneric(0);
+    fused_op_service_ = options_.fused_op_api == ServiceOptions::FusedOpApi::kSync ? MakeFusedOpService(this)
+                                                                                   : MakeAsyncFusedOpService();
+  }
+}
 
 void FusedServeService::set_server_info(v1::GetServerInfoResponse info) {
   absl::MutexLock lock(&info_mu_);
@@ -49,50 +65,313 @@ void FusedServeService::Finish(grpc::ServerUnaryReactor* reactor, const std::str
 
 namespace {
 
-// One FusedOp call's messages; they live until the call finishes (the
-// validated request may point into the parsed tensors).
-struct FusedOpCall {
-  v1::FusedOpRequest request;
-  v1::FusedOpResponse response;
+constexpr char kFusedOpMethod[] = "/fusedserve.v1.FusedServe/FusedOp";
+constexpr size_t kArenaBlock = 16 << 10;
+constexpr size_t kPoolMax = 4096;  // FusedOpCall blocks kept for reuse
+
+// FusedOp's sync-API handler (--fused_op_api=sync): what the generated code
+// makes for a method (grpc::internal::RpcMethodHandler), on raw bodies, plus
+// the "send" stage: the response's write until gRPC reports it done.
+class FusedOpHandler final : public grpc::internal::MethodHandler {
+ public:
+  explicit FusedOpHandler(FusedServeService* service) : service_(service) {}
+
+  void RunHandler(const HandlerParameter& param) override {
+    grpc::ByteBuffer response;
+    grpc::Status status = param.status;
+    if (status.ok()) {
+      auto* request = static_cast<grpc::ByteBuffer*>(param.request);
+      status = service_->HandleFusedOp(static_cast<grpc::ServerContext*>(param.server_context), *request, &response);
+      request->~ByteBuffer();
+    }
+    const absl::Time sending = absl::Now();
+    grpc::internal::UnaryRunHandlerHelper(param, &response, status);
+    service_->metrics()->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending));
+  }
+
+  void* Deserialize(grpc_call* call, grpc_byte_buffer* req, grpc::Status* status, void** /*handler_data*/) override {
+    auto* request =
+        new (grpc::g_core_codegen_interface->grpc_call_arena_alloc(call, sizeof(grpc::ByteBuffer))) grpc::ByteBuffer;
+    return grpc::internal::UnaryDeserializeHelper(req, status, request);
+  }
+
+ private:
+  FusedServeService* const service_;
+};
+
+class FusedOpService final : public grpc::Service {
+ public:
+  explicit FusedOpService(FusedServeService* service) {
+    AddMethod(new grpc::internal::RpcServiceMethod(kFusedOpMethod, grpc::internal::RpcMethod::NORMAL_RPC,
+                                                   new FusedOpHandler(service)));
+  }
+};
+
+std::unique_ptr<grpc::Service> MakeFusedOpService(FusedServeService* service) {
+  return std::make_unique<FusedOpService>(service);
+}
+
+// FusedOp as an async method with raw bodies (--fused_op_api=async).
+class AsyncFusedOpService final : public grpc::Service {
+ public:
+  AsyncFusedOpService() {
+    AddMethod(new grpc::internal::RpcServiceMethod(kFusedOpMethod, grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
+    grpc::Service::MarkMethodRaw(0);
+  }
+  void Request(grpc::ServerContext* ctx, grpc::ByteBuffer* request,
+               grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer, grpc::ServerCompletionQueue* cq, void* tag) {
+    RequestAsyncUnary(0, ctx, request, writer, cq, cq, tag);
+  }
+};
+
+std::unique_ptr<grpc::Service> MakeAsyncFusedOpService() { return std::make_unique<AsyncFusedOpService>(); }
+
+// FusedOp messages live on this thread's protobuf arena, reset when the step
+// that made them ends (the request once validated: its tensor bytes have
+// moved into the OpRequest; the response once serialized): no per-message
+// heap allocations once the arena's first block has grown.
+google::protobuf::Arena& ThreadArena() {
+  static thread_local std::unique_ptr<char[]> block(new char[kArenaBlock]);
+  static thread_local google::protobuf::Arena arena([] {
+    google::protobuf::ArenaOptions o;
+    o.initial_block = block.get();
+    o.initial_block_size = kArenaBlock;
+    return o;
+  }());
+  return arena;
+}
+
+struct ResetArena {
+  google::protobuf::Arena& arena;
+  ~ResetArena() { arena.Reset(); }
 };
 
 }  // namespace
 
-grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext* ctx,
-                                                     const grpc::ByteBuffer* raw_request,
-                                                     grpc::ByteBuffer* raw_response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const absl::Time start = absl::Now();
-  CallStarted();
-  auto call = std::make_shared<FusedOpCall>();
+// One callback-API FusedOp: the reactor, from the handler to OnDone. Blocks
+// are recycled (NewFusedOpCall / RecycleFusedOpCall), each use constructed
+// afresh: a reactor's state must not outlive its call.
+class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
+ public:
+  explicit FusedOpCall(FusedServeService* service) : service_(service) {}
+
+  void Start(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw_request, grpc::ByteBuffer* raw_response) {
+    start_ = absl::Now();
+    service_->CallStarted();
+    response_ = raw_response;
+    absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(raw_request, start_, &op_);
+    if (!request.ok()) return Done(request.status());
+    OpTask task = service_->MakeFusedOpTask(*std::move(request), ctx);
+    // Called on this thread inside Submit (inline run) or on a worker.
+    task.done = [this](absl::StatusOr<TensorMap> result) {
+      Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), response_) : result.status());
+    };
+    if (absl::Status s = service_->scheduler_->Submit(std::move(task)); !s.ok()) Done(s);
+  }
+
+  void OnDone() override {
+    service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending_));
+    service_->RecycleFusedOpCall(this);  // destroys this
+  }
+
+ private:
+  void Done(const absl::Status& status) {
+    const grpc::Status g = service_->FinishFusedOp(op_, start_, status);
+    sending_ = absl::Now();
+    Finish(g);
+  }
+
+  FusedServeService* const service_;
+  absl::Time start_;
+  absl::Time sending_;
+  std::string op_;
+  grpc::ByteBuffer* response_ = nullptr;
+};
+
+// One async-API call slot (--fused_op_api=async): requested on its queue,
+// run when a call arrives (on the polling thread; inline when the scheduler
+// is idle), answered from whichever thread ran it, then requested again once
+// both the answer's completion and the call's done notice (which makes
+// IsCancelled valid on the async API) have come back, in either order. No
+// allocation per call.
+class FusedServeService::AsyncFusedOpSlot {
+ public:
+  AsyncFusedOpSlot(FusedServeService* service, grpc::ServerCompletionQueue* cq)
+      : service_(service), cq_(cq), async_(static_cast<AsyncFusedOpService*>(service->fused_op_service_.get())) {}
+
+  // Requests the next call unless the service is stopping.
+  void Request() {
+    absl::MutexLock lock(&service_->async_mu_);
+    if (service_->async_stopping_) return;
+    request_.Clear();
+    response_.Clear();
+    writer_.reset();
+    ctx_.reset();
+    ctx_.emplace();
+    ctx_->AsyncNotifyWhenDone(&done_tag_);
+    writer_.emplace(&*ctx_);
+    answering_ = false;
+    events_left_ = 2;  // once a call came: the answer's completion and the done notice
+    async_->Request(&*ctx_, &request_, &*writer_, cq_, &main_tag_);
+  }
+
+  // A queue event: one of a slot's two tags.
+  struct Tag {
+    AsyncFusedOpSlot* slot;
+    bool done_notice;
+  };
+  static void Proceed(void* tag, bool ok) {
+    Tag* t = static_cast<Tag*>(tag);
+    if (t->done_notice) return t->slot->Event();
+    t->slot->Proceed(ok);
+  }
+
+ private:
+  void Proceed(bool ok) {
+    if (answering_) {  // the answer has been sent (or the call is gone)
+      if (ok) service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending_));
+      return Event();
+    }
+    if (!ok) return;  // the server is shutting down: no call came
+    answering_ = true;
+    start_ = absl::Now();
+    service_->CallStarted();
+    absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(request_, start_, &op_);
+    if (!request.ok()) return Done(request.status());
+    OpTask task = service_->MakeFusedOpTask(*std::move(request), &*ctx_);
+    task.done = [this](absl::StatusOr<TensorMap> result) {
+      Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), &response_) : result.status());
+    };
+    if (absl::Status s = service_->scheduler_->Submit(std::move(task)); !s.ok()) Done(s);
+  }
+
+  // One of the call's two closing events; after both, the slot is free.
+  void Event() {
+    if (--events_left_ == 0) Request();
+  }
+
+  void Done(const absl::Status& status) {
+    const grpc::Status g = service_->FinishFusedOp(op_, start_, status);
+    sending_ = absl::Now();
+    if (g.ok()) {
+      writer_->Finish(response_, g, &main_tag_);
+    } else {
+      writer_->FinishWithError(g, &main_tag_);
+    }
+  }
+
+  FusedServeService* const service_;
+  grpc::ServerCompletionQueue* const cq_;
+  AsyncFusedOpService* const async_;
+  Tag main_tag_{this, false};  // the call's arrival and its answer's completion
+  Tag done_tag_{this, true};   // the call's done notice
+  std::optional<grpc::ServerContext> ctx_;
+  std::optional<grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>> writer_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  // Touched by the slot's queue thread only (and by Done, which runs before
+  // the events it causes): the queue orders them.
+  bool answering_ = false;
+  int events_left_ = 0;
+  absl::Time start_;
+  absl::Time sending_;
+  std::string op_;
+};
+
+void FusedServeService::StartAsync(const std::vector<grpc::ServerCompletionQueue*>& cqs) {
+  async_cqs_ = cqs;
+  for (grpc::ServerCompletionQueue* cq : cqs) {
+    for (int i = 0; i < std::max(1, options_.async_calls_per_cq); ++i) {
+      async_slots_.push_back(std::make_unique<AsyncFusedOpSlot>(this, cq));
+      async_slots_.back()->Request();
+    }
+  }
+  for (grpc::ServerCompletionQueue* cq : cqs) async_threads_.emplace_back([this, cq] { PollAsync(cq); });
+}
+
+void FusedServeService::PollAsync(grpc::ServerCompletionQueue* cq) {
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq->Next(&tag, &ok)) AsyncFusedOpSlot::Proceed(tag, ok);
+}
+
+void FusedServeService::StopAsync() {
+  {
+    absl::MutexLock lock(&async_mu_);
+    if (async_stopping_) return;
+    async_stopping_ = true;
+  }
+  for (grpc::ServerCompletionQueue* cq : async_cqs_) cq->Shutdown();
+  for (std::thread& t : async_threads_) t.join();
+  async_threads_.clear();
+}
+
+FusedServeService::~FusedServeService() {
+  StopAsync();
+  absl::MutexLock lock(&pool_mu_);
+  for (void* block : pool_) ::operator delete(block);
+}
+
+FusedServeService::FusedOpCall* FusedServeService::NewFusedOpCall() {
+  void* block = nullptr;
+  {
+    absl::MutexLock lock(&pool_mu_);
+    if (!pool_.empty()) {
+      block = pool_.back();
+      pool_.pop_back();
+    }
+  }
+  if (block == nullptr) block = ::operator new(sizeof(FusedOpCall));
+  return new (block) FusedOpCall(this);
+}
+
+void FusedServeService::RecycleFusedOpCall(FusedOpCall* call) {
+  call->~FusedOpCall();
+  absl::MutexLock lock(&pool_mu_);
+  if (pool_.size() < kPoolMax) {
+    pool_.push_back(call);
+  } else {
+    ::operator delete(call);
+  }
+}
+
+grpc::Status FusedServeService::FinishFusedOp(const std::string& op, absl::Time start, const absl::Status& status) {
+  const grpc::Status g = ToGrpcStatus(status);
+  metrics_->RecordRequest("FusedOp", op, GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
+  CallFinished();
+  return g;
+}
+
+absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffer& raw_request, absl::Time start,
+                                                           std::string* op) {
+  *op = "unknown";
+  google::protobuf::Arena& arena = ThreadArena();
+  ResetArena reset{arena};
+  auto* request = google::protobuf::Arena::CreateMessage<v1::FusedOpRequest>(&arena);
   // Deserialize consumes its buffer; the copy shares the slices (no byte copy).
-  grpc::ByteBuffer body(*raw_request);
-  if (!grpc::SerializationTraits<v1::FusedOpRequest>::Deserialize(&body, &call->request).ok()) {
-    Finish(reactor, "FusedOp", "unknown", start,
-           absl::InvalidArgumentError(absl::StrCat(
-               "FusedOp: the request body (", raw_request->Length(),
-               " bytes) is not a valid fusedserve.v1.FusedOpRequest; check that the client was generated from "
-               "this server's fusedserve/v1/fusedserve.proto and sends a FusedOpRequest to this method")));
-    return reactor;
+  grpc::ByteBuffer body(raw_request);
+  if (!grpc::SerializationTraits<v1::FusedOpRequest>::Deserialize(&body, request).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FusedOp: the request body (", raw_request.Length(),
+                     " bytes) is not a valid fusedserve.v1.FusedOpRequest; check that the client was generated from "
+                     "this server's fusedserve/v1/fusedserve.proto and sends a FusedOpRequest to this method"));
   }
-  const v1::FusedOpRequest* request = &call->request;
+  const absl::Time received = absl::Now();
+  metrics_->RecordStage(Metrics::Stage::kReceive, absl::ToDoubleSeconds(received - start));
   // Label only known op names: arbitrary client strings must not create series.
-  const std::string op = FindOpSpec(request->op()) != nullptr ? request->op() : "unknown";
-  if (absl::Status s = CheckAccepting(); !s.ok()) {
-    Finish(reactor, "FusedOp", op, start, s);
-    return reactor;
-  }
-  // The parsed request is this call's own and is not read again: its tensor
-  // bytes move into the OpRequest instead of being copied (a queued request
-  // holds its inputs once, not twice).
-  absl::StatusOr<OpRequest> validated = TakeValidatedFusedOp(call->request, options_.limits);
-  if (!validated.ok()) {
-    Finish(reactor, "FusedOp", op, start, validated.status());
-    return reactor;
-  }
+  if (FindOpSpec(request->op()) != nullptr) *op = request->op();
+  if (absl::Status s = CheckAccepting(); !s.ok()) return s;
+  // The parsed request is not read again: its tensor bytes move into the
+  // OpRequest instead of being copied.
+  absl::StatusOr<OpRequest> validated = TakeValidatedFusedOp(*request, options_.limits);
+  if (validated.ok()) metrics_->RecordStage(Metrics::Stage::kDecode, absl::ToDoubleSeconds(absl::Now() - received));
+  return validated;
+}
+
+OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx) {
   OpTask task;
-  task.request = *std::move(validated);
-  task.enqueued = start;
+  task.request = std::move(request);
+  task.enqueued = absl::Now();
   task.deadline = absl::FromChrono(ctx->deadline());
   task.interrupted = [this, ctx]() -> absl::Status {
     if (aborted_.load()) {
@@ -103,21 +382,56 @@ grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext
     if (ctx->IsCancelled()) return absl::CancelledError("request cancelled by the client");
     return absl::OkStatus();
   };
-  task.done = [this, reactor, call, raw_response, op, start](absl::StatusOr<TensorMap> result) {
-    absl::Status status = result.status();
-    if (result.ok()) {
-      v1::FusedOpResponse* response = &call->response;
-      for (auto& [name, t] : *result) TensorToProto(std::move(t), &(*response->mutable_outputs())[name]);
-      response->set_backend(backend_->name());
-      bool own_buffer = false;
-      const grpc::Status serialized =
-          grpc::SerializationTraits<v1::FusedOpResponse>::Serialize(*response, raw_response, &own_buffer);
-      if (!serialized.ok()) status = absl::InternalError("FusedOp: " + serialized.error_message());
-    }
-    Finish(reactor, "FusedOp", op, start, status);
+  return task;
+}
+
+absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response) {
+  const absl::Time start = absl::Now();
+  google::protobuf::Arena& arena = ThreadArena();
+  ResetArena reset{arena};
+  auto* response = google::protobuf::Arena::CreateMessage<v1::FusedOpResponse>(&arena);
+  for (auto& [name, t] : outputs) TensorToProto(std::move(t), &(*response->mutable_outputs())[name]);
+  response->set_backend(backend_->name());
+  bool own_buffer = false;
+  const grpc::Status serialized =
+      grpc::SerializationTraits<v1::FusedOpResponse>::Serialize(*response, raw_response, &own_buffer);
+  metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(absl::Now() - start));
+  if (!serialized.ok()) return absl::InternalError("FusedOp: " + serialized.error_message());
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext* ctx,
+                                                     const grpc::ByteBuffer* raw_request,
+                                                     grpc::ByteBuffer* raw_response) {
+  FusedOpCall* call = NewFusedOpCall();
+  call->Start(ctx, *raw_request, raw_response);
+  return call;
+}
+
+grpc::Status FusedServeService::HandleFusedOp(grpc::ServerContext* ctx, const grpc::ByteBuffer& raw_request,
+                                              grpc::ByteBuffer* raw_response) {
+  const absl::Time start = absl::Now();
+  CallStarted();
+  std::string op;
+  absl::StatusOr<OpRequest> request = DecodeFusedOp(raw_request, start, &op);
+  if (!request.ok()) return FinishFusedOp(op, start, request.status());
+  // The scheduler answers through `done`: inside Submit when it runs the
+  // request on this thread, else from a worker's launch while this waits.
+  struct Wait {
+    Wait(FusedServeService* s, grpc::ByteBuffer* r) : service(s), response(r) {}
+    FusedServeService* service;
+    grpc::ByteBuffer* response;
+    absl::Status status = absl::UnknownError("FusedOp: no result");
+    absl::Notification finished;
+  } wait(this, raw_response);
+  OpTask task = MakeFusedOpTask(*std::move(request), ctx);
+  task.done = [&wait](absl::StatusOr<TensorMap> result) {  // one pointer: no allocation
+    wait.status = result.ok() ? wait.service->EncodeFusedOp(*std::move(result), wait.response) : result.status();
+    wait.finished.Notify();
   };
-  if (absl::Status s = scheduler_->Submit(std::move(task)); !s.ok()) Finish(reactor, "FusedOp", op, start, s);
-  return reactor;
+  if (absl::Status s = scheduler_->Submit(std::move(task)); !s.ok()) return FinishFusedOp(op, start, s);
+  wait.finished.WaitForNotification();
+  return FinishFusedOp(op, start, wait.status);
 }
 
 grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServerContext* ctx,

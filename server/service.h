@@ -1,10 +1,20 @@
-// The fusedserve.v1.FusedServe gRPC service on the callback API. Validation
-// runs on the gRPC thread (cheap); ops run on the scheduler's workers, which
-// finish the RPC. Errors are absl::Status inside, mapped 1:1 to gRPC codes here.
+// The fusedserve.v1.FusedServe gRPC service. A FusedOp is parsed and
+// validated on the gRPC thread that received it and handed to the scheduler,
+// which runs small ops right there when idle (no hand-off to a worker and
+// back) and otherwise queues them for a launch, merged with others under
+// load; whichever thread ran it encodes and sends the response. The server
+// serves FusedOp on completion queues with dedicated polling threads
+// (--fused_op_api=async, the default: fused_op_service() and StartAsync), on
+// gRPC's callback API (this class's FusedOp) or on its sync API; the other
+// RPCs use the callback API. bench/run_grpc_floor.sh measures the three. Errors are
+// absl::Status inside, mapped 1:1 to gRPC codes here.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
 #include "server/grpc_status.h"
@@ -19,6 +29,11 @@ class TextSupport;  // server/text.h: the tokenizer (text prompts, Tokenize, Det
 
 struct ServiceOptions {
   ValidationLimits limits;
+  // The gRPC API serving FusedOp. kSync and kAsync: this service leaves
+  // FusedOp to fused_op_service(), which the server registers beside it.
+  enum class FusedOpApi { kCallback, kSync, kAsync };
+  FusedOpApi fused_op_api = FusedOpApi::kCallback;  // the server's flag defaults to kAsync
+  int async_calls_per_cq = 64;                      // kAsync: FusedOp calls kept requested per queue
 };
 
 // FusedOp is registered raw (bytes in, bytes out) and parsed here: on a body
@@ -43,6 +58,7 @@ class FusedServeService final
   // Drain, step 2 (the grace ran out): running FusedOps stop at their next
   // check and answer UNAVAILABLE.
   void AbortInFlight() { aborted_.store(true); }
+  ~FusedServeService() override;
   // Waits up to `timeout` for the calls in progress (FusedOp,
   // TransformerBlock, Generate streams) to finish; true when none is left.
   bool WaitIdle(absl::Duration timeout);
@@ -57,6 +73,21 @@ class FusedServeService final
   // A body that is not a FusedOpRequest: INVALID_ARGUMENT saying so.
   grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
                                     grpc::ByteBuffer* raw_response) override;
+  // With fused_op_api kSync or kAsync: FusedOp's own service, to register
+  // beside this one (the server then needs a generic service too, as this one
+  // marks FusedOp generic). nullptr otherwise.
+  grpc::Service* fused_op_service() { return fused_op_service_.get(); }
+  // kAsync, once the server has started: one polling thread per queue (the
+  // queues the server builder made), each keeping async_calls_per_cq calls
+  // requested. StopAsync, after the server's Shutdown: shuts the queues down
+  // and joins the threads.
+  void StartAsync(const std::vector<grpc::ServerCompletionQueue*>& cqs);
+  void StopAsync();
+  // The sync-API FusedOp, on the thread that received it: returns once the
+  // response is in `raw_response` or the call failed.
+  grpc::Status HandleFusedOp(grpc::ServerContext* ctx, const grpc::ByteBuffer& raw_request,
+                             grpc::ByteBuffer* raw_response);
+  Metrics* metrics() const { return metrics_; }
   grpc::ServerUnaryReactor* TransformerBlock(grpc::CallbackServerContext* ctx,
                                              const v1::TransformerBlockRequest* request,
                                              v1::TransformerBlockResponse* response) override;
@@ -73,10 +104,35 @@ class FusedServeService final
   void Finish(grpc::ServerUnaryReactor* reactor, const std::string& rpc, const std::string& op, absl::Time start,
               const absl::Status& status);
 
+  // FusedOp's steps, shared by both APIs. Decode parses and validates (the
+  // receive and decode stages) and sets *op to the metrics label; Encode
+  // writes the response (the encode stage); FinishFusedOp counts the call.
+  absl::StatusOr<OpRequest> DecodeFusedOp(const grpc::ByteBuffer& raw_request, absl::Time start, std::string* op);
+  OpTask MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx);
+  absl::Status EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response);
+  grpc::Status FinishFusedOp(const std::string& op, absl::Time start, const absl::Status& status);
+  // The callback API's FusedOp calls: reactors recycled through a pool.
+  class FusedOpCall;
+  class AsyncFusedOpSlot;  // the async API's call slots
+  void PollAsync(grpc::ServerCompletionQueue* cq);
+  FusedOpCall* NewFusedOpCall();
+  void RecycleFusedOpCall(FusedOpCall* call);
+
   Backend* const backend_;
   OpScheduler* const scheduler_;
   Metrics* const metrics_;
   const ServiceOptions options_;
+  std::unique_ptr<grpc::Service> fused_op_service_;
+  // kAsync: the queues, their threads and call slots; slots re-request
+  // their call only while !async_stopping_ (under async_mu_, so that no
+  // request reaches a queue that is shutting down).
+  std::vector<grpc::ServerCompletionQueue*> async_cqs_;
+  std::vector<std::thread> async_threads_;
+  std::vector<std::unique_ptr<AsyncFusedOpSlot>> async_slots_;
+  absl::Mutex async_mu_;
+  bool async_stopping_ ABSL_GUARDED_BY(async_mu_) = false;
+  absl::Mutex pool_mu_;
+  std::vector<void*> pool_ ABSL_GUARDED_BY(pool_mu_);  // FusedOpCall-sized blocks
   // An RPC this service started and has not finished.
   void CallStarted();
   void CallFinished();

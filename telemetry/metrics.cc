@@ -17,6 +17,12 @@ Histogram::BucketBoundaries LatencyBuckets() {
           5e-2, 0.1,    0.25, 0.5,  1,      2.5,  5,    10,     30,   60};
 }
 
+// Stage buckets from 1 µs to 1 s: a FusedOp's stages on a GPU take
+// microseconds each.
+Histogram::BucketBoundaries StageBuckets() {
+  return {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1};
+}
+
 Histogram::BucketBoundaries BatchBuckets() { return {1, 2, 4, 8, 16, 32, 64, 128, 256}; }
 
 // HOST of HOST:PORT names the loopback interface (127.0.0.0/8, ::1, localhost).
@@ -112,6 +118,23 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                                                3e-3, 1e-2, 3e-2, 0.1,  0.3,  1.0};
   tok_encode_ = &tokenizer.Add({{"op", "encode"}}, tok_buckets);
   tok_decode_ = &tokenizer.Add({{"op", "decode"}}, tok_buckets);
+  token_send_ = &prometheus::BuildHistogram()
+                     .Name("fusedserve_generate_token_send_seconds")
+                     .Help("Generate: time from a token being sampled to the stream message carrying it being sent")
+                     .Register(r)
+                     .Add({}, StageBuckets());
+  auto& stages =
+      prometheus::BuildHistogram()
+          .Name("fusedserve_fused_op_stage_seconds")
+          .Help("FusedOp latency breakdown by stage (receive, decode, queue, h2d, kernel, d2h, encode, send)")
+          .Register(r);
+  const char* const kStageNames[kStages] = {"receive", "decode", "queue", "h2d", "kernel", "d2h", "encode", "send"};
+  for (int i = 0; i < kStages; ++i) stages_[i] = &stages.Add({{"stage", kStageNames[i]}}, StageBuckets());
+  inline_launches_ = &prometheus::BuildCounter()
+                          .Name("fusedserve_inline_launches_total")
+                          .Help("FusedOp launches run on the gRPC thread that received the request")
+                          .Register(r)
+                          .Add({});
   prompt_tokens_ = &prometheus::BuildCounter()
                         .Name("fusedserve_prompt_tokens_total")
                         .Help("Prompt tokens processed by Generate")
@@ -199,6 +222,7 @@ void Metrics::RecordRequest(const std::string& rpc, const std::string& op, const
 
 void Metrics::RecordQueue(const std::string& op, double seconds) {
   queue_duration_->Add({{"op", op}}, LatencyBuckets()).Observe(seconds);
+  RecordStage(Stage::kQueue, seconds);
 }
 
 void Metrics::RecordBatch(const std::string& op, int requests) {

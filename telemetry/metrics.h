@@ -36,10 +36,20 @@ class Metrics {
 
   // One finished RPC: code is the gRPC status code name, e.g. "OK", "INVALID_ARGUMENT".
   void RecordRequest(const std::string& rpc, const std::string& op, const std::string& code, double seconds);
+  // Also observed as the "queue" stage below.
   void RecordQueue(const std::string& op, double seconds);
   void RecordBatch(const std::string& op, int requests);
   void RecordKernel(const std::string& op, double seconds);
   prometheus::Gauge& QueueDepth(const std::string& op);
+
+  // FusedOp latency breakdown, fusedserve_fused_op_stage_seconds{stage}: one
+  // observation per request (receive, decode, queue, encode, send) or per
+  // launch (h2d, kernel, d2h). Series made once: no lookup on the hot path.
+  enum class Stage { kReceive, kDecode, kQueue, kH2D, kKernel, kD2H, kEncode, kSend };
+  static constexpr int kStages = 8;
+  void RecordStage(Stage stage, double seconds) { stages_[static_cast<int>(stage)]->Observe(seconds); }
+  // FusedOp launches run on the gRPC thread that received the request.
+  prometheus::Counter& inline_launches() { return *inline_launches_; }
 
   prometheus::Registry& registry() { return *registry_; }
   prometheus::Gauge& ready() { return *ready_; }
@@ -59,6 +69,8 @@ class Metrics {
   // Tokenizer time of one Generate request: op "encode" (the prompt) or
   // "decode" (the stream's incremental detokenization and stop matching).
   prometheus::Histogram& tokenizer_time(const std::string& op) { return op == "encode" ? *tok_encode_ : *tok_decode_; }
+  // From a token being sampled to the stream message carrying it being sent.
+  prometheus::Histogram& token_send() { return *token_send_; }
   prometheus::Counter& prompt_tokens() { return *prompt_tokens_; }
   prometheus::Counter& generated_tokens() { return *generated_tokens_; }
   prometheus::Gauge& requests_running() { return *running_; }
@@ -90,6 +102,9 @@ class Metrics {
   prometheus::Histogram* tpot_;
   prometheus::Histogram* tok_encode_;
   prometheus::Histogram* tok_decode_;
+  prometheus::Histogram* token_send_;
+  prometheus::Histogram* stages_[kStages];
+  prometheus::Counter* inline_launches_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generated_tokens_;
   prometheus::Gauge* running_;

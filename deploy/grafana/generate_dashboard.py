@@ -56,6 +56,18 @@ ROWS = [
         ("p99 latency per RPC", "s", "timeseries",
          quantiles("fusedserve_request_duration_seconds", ["rpc"], SEL, (0.99,)),
          "p99 per gRPC method (Generate: the whole stream)."),
+        ("FusedOp latency breakdown (mean per stage)", "s", "timeseries",
+         [q(f"sum by (stage) (rate(fusedserve_fused_op_stage_seconds_sum{{{SEL}}}[{RATE}])) "
+            f"/ sum by (stage) (rate(fusedserve_fused_op_stage_seconds_count{{{SEL}}}[{RATE}]))", "{{stage}}")],
+         "Where a FusedOp's time goes: receive (body parsed), decode (validated), queue (scheduler), "
+         "h2d / kernel / d2h (per launch), encode (response serialized), send (until gRPC reports it sent)."),
+        ("FusedOp stage p99", "s", "timeseries",
+         quantiles("fusedserve_fused_op_stage_seconds", ["stage"], SEL, (0.99,)),
+         "p99 of each stage of the breakdown."),
+        ("Inline launches", "percentunit", "timeseries",
+         [q(f"sum(rate(fusedserve_inline_launches_total{{{SEL}}}[{RATE}])) "
+            f"/ sum(rate(fusedserve_batch_size_count{{{SEL}}}[{RATE}]))", "inline")],
+         "Share of FusedOp launches run on the gRPC thread that received the request (idle server, small op)."),
     ]),
     ("Batching", [
         ("Queue time per op", "s", "timeseries",
@@ -79,6 +91,9 @@ ROWS = [
         ("Time per output token", "s", "timeseries",
          quantiles("fusedserve_time_per_output_token_seconds", [], SEL),
          "Mean time per generated token after the first (p50, p99 over requests)."),
+        ("Token send time", "s", "timeseries",
+         quantiles("fusedserve_generate_token_send_seconds", [], SEL),
+         "From a token being sampled to the stream message carrying it being sent (p50, p99)."),
         ("Tokens per second", "short", "timeseries",
          [q(f"sum(rate(fusedserve_generated_tokens_total{{{SEL}}}[{RATE}]))", "generated"),
           q(f"sum(rate(fusedserve_prompt_tokens_total{{{SEL}}}[{RATE}]))", "prompt")],

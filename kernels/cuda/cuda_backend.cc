@@ -3,18 +3,63 @@
 // device arena that is grown on demand and reused, the op is dispatched, and
 // the outputs come back with a single D2H transfer. Nothing is allocated per
 // call once the arena has reached the largest request's size.
+//
+// Small row-wise ops (at most kZeroCopyBytes of inputs and outputs) skip both
+// copies: the kernel reads its inputs from the pinned staging buffer and
+// writes its outputs there (mapped host memory, one address space), so a
+// round trip is one launch and one wait. The wait spins for a short while
+// (these ops finish in microseconds; a blocking wait would add a wake-up)
+// before it blocks. Stage times (h2d, kernel, d2h) go to
+// ThisThreadStageTimes(): CUDA events on the copy path, the host clock on the
+// zero-copy path (h2d/d2h: packing into and copying out of pinned memory).
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace fusedserve {
 namespace {
 
 constexpr size_t kAlign = 256;
+// Zero-copy launches: inputs + outputs at most this size, row-wise ops only.
+constexpr size_t kZeroCopyBytes = 64 << 10;
+// How long a wait spins before it blocks.
+constexpr absl::Duration kSpinWait = absl::Microseconds(200);
+
+bool ZeroCopyOp(const std::string& op) {
+  static const char* const kRowWise[] = {
+      "rms_norm", "add_rms_norm", "add_rms_norm_silu", "layer_norm", "softmax", "silu_and_mul", "gelu", "rope"};
+  for (const char* o : kRowWise) {
+    if (op == o) return true;
+  }
+  return false;
+}
+
+// Zero-copy is on unless FUSEDSERVE_ZERO_COPY=0 (A/B and a way out).
+bool ZeroCopyEnabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDSERVE_ZERO_COPY");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  return on;
+}
+
+// Waits for `st`: spins on cudaStreamQuery for up to kSpinWait, then blocks.
+CudaStatus WaitStream(cudaStream_t st) {
+  const absl::Time until = absl::Now() + kSpinWait;
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(st);
+    if (e == cudaSuccess) return CudaStatus::Ok();
+    if (e != cudaErrorNotReady) return FS_CUDA_CHECK(e);
+    if (absl::Now() > until) return FS_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
+}
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // A device buffer that only grows.
@@ -42,26 +87,60 @@ class DeviceArena : public Scratch {
   size_t size_ = 0;
 };
 
+// Pinned, mapped host memory: `device` is its address in kernels.
 class PinnedBuffer {
  public:
   ~PinnedBuffer() {
     if (ptr_ != nullptr) cudaFreeHost(ptr_);
   }
-  CudaStatus Get(size_t bytes, char** ptr) {
+  CudaStatus Get(size_t bytes, char** ptr, char** device = nullptr) {
     if (bytes > size_) {
       if (ptr_ != nullptr) cudaFreeHost(ptr_);
       ptr_ = nullptr;
+      dev_ = nullptr;
       size_ = 0;
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMallocHost(&ptr_, bytes)); !s.ok()) return s;
+      if (CudaStatus s = FS_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, cudaHostAllocMapped)); !s.ok()) return s;
+      if (CudaStatus s = FS_CUDA_CHECK(cudaHostGetDevicePointer(&dev_, ptr_, 0)); !s.ok()) return s;
       size_ = bytes;
     }
     *ptr = static_cast<char*>(ptr_);
+    if (device != nullptr) *device = static_cast<char*>(dev_);
     return CudaStatus::Ok();
   }
 
  private:
   void* ptr_ = nullptr;
+  void* dev_ = nullptr;
   size_t size_ = 0;
+};
+
+// Four timing events around the copy path's H2D, kernels and D2H.
+class StageEvents {
+ public:
+  ~StageEvents() {
+    for (cudaEvent_t e : ev_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+  // Lazily created (on the device current at the first call).
+  CudaStatus Record(int i, cudaStream_t st) {
+    if (ev_[i] == nullptr) {
+      if (CudaStatus s = FS_CUDA_CHECK(cudaEventCreate(&ev_[i])); !s.ok()) return s;
+    }
+    return FS_CUDA_CHECK(cudaEventRecord(ev_[i], st));
+  }
+  // Seconds from event i to event j (both recorded and complete).
+  double Seconds(int i, int j) const {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, ev_[i], ev_[j]) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return ms * 1e-3;
+  }
+
+ private:
+  cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};
 };
 
 class CudaBackend : public Backend {
@@ -87,16 +166,15 @@ class CudaBackend : public Backend {
   absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device_)); !s.ok()) return CudaToAbsl(s);
+    const absl::Time t0 = absl::Now();
     const DType dt = RequestDType(r);
 
     // Lay out inputs then outputs in one arena; index inputs become I32.
-    struct Slot {
-      std::string name;
-      DeviceTensor t;
-      size_t offset;
-      size_t bytes;
-    };
-    std::vector<Slot> inputs, outputs;
+    // (Reused vectors: no allocation per call once they have grown.)
+    std::vector<Slot>& inputs = inputs_;
+    std::vector<Slot>& outputs = outputs_;
+    inputs.clear();
+    outputs.clear();
     size_t total = 0;
     for (const auto& entry : r.inputs) {
       const std::string& name = entry.first;
@@ -112,10 +190,15 @@ class CudaBackend : public Backend {
       outputs.push_back({name, t, total, bytes});
       total += AlignUp(bytes);
     }
+    const bool zero_copy = total <= kZeroCopyBytes && ZeroCopyOp(r.op) && ZeroCopyEnabled();
     void* dev = nullptr;
     char* host = nullptr;
-    if (CudaStatus s = arena_.Get(std::max<size_t>(total, kAlign), &dev); !s.ok()) return CudaToAbsl(s);
-    if (CudaStatus s = staging_.Get(std::max<size_t>(total, kAlign), &host); !s.ok()) return CudaToAbsl(s);
+    char* host_dev = nullptr;  // `host` as kernels address it
+    if (!zero_copy) {
+      if (CudaStatus s = arena_.Get(std::max<size_t>(total, kAlign), &dev); !s.ok()) return CudaToAbsl(s);
+    }
+    if (CudaStatus s = staging_.Get(std::max<size_t>(total, kAlign), &host, &host_dev); !s.ok()) return CudaToAbsl(s);
+    if (zero_copy) dev = host_dev;
 
     DeviceTensorMap din, dout;
     for (Slot& slot : inputs) {
@@ -128,24 +211,38 @@ class CudaBackend : public Backend {
       dout[slot.name] = slot.t;
     }
     cudaStream_t st = ctx_.stream;
-    if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpyAsync(dev, host, out_begin, cudaMemcpyHostToDevice, st)); !s.ok())
-      return CudaToAbsl(s);
+    const absl::Time packed = absl::Now();
+    if (!zero_copy) {
+      if (CudaStatus s = events_.Record(0, st); !s.ok()) return CudaToAbsl(s);
+      if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpyAsync(dev, host, out_begin, cudaMemcpyHostToDevice, st)); !s.ok())
+        return CudaToAbsl(s);
+      if (CudaStatus s = events_.Record(1, st); !s.ok()) return CudaToAbsl(s);
+    }
 
     bool handled = false;
     const CudaStatus status = RunCudaOp(r, din, dout, ctx_, &handled);
     if (!handled) return absl::UnimplementedError("op '" + r.op + "' has no CUDA implementation");
     // A valid request outside what the kernels take (e.g. a head dim the
     // flash kernels lack): answer it with the CPU reference, slowly but right.
-    if (status.unsupported) return cpu_fallback_->Run(r);
+    if (status.unsupported) {
+      // The zero-copy kernels may still read the staging buffer: wait first.
+      if (CudaStatus s = WaitStream(st); !s.ok()) return CudaToAbsl(s);
+      return cpu_fallback_->Run(r);
+    }
     if (!status.ok()) return CudaToAbsl(status);
 
-    if (total > out_begin) {
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpyAsync(host + out_begin, static_cast<char*>(dev) + out_begin,
-                                                       total - out_begin, cudaMemcpyDeviceToHost, st));
-          !s.ok())
-        return CudaToAbsl(s);
+    if (!zero_copy) {
+      if (CudaStatus s = events_.Record(2, st); !s.ok()) return CudaToAbsl(s);
+      if (total > out_begin) {
+        if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpyAsync(host + out_begin, static_cast<char*>(dev) + out_begin,
+                                                         total - out_begin, cudaMemcpyDeviceToHost, st));
+            !s.ok())
+          return CudaToAbsl(s);
+      }
+      if (CudaStatus s = events_.Record(3, st); !s.ok()) return CudaToAbsl(s);
     }
-    if (CudaStatus s = FS_CUDA_CHECK(cudaStreamSynchronize(st)); !s.ok()) return CudaToAbsl(s);
+    if (CudaStatus s = WaitStream(st); !s.ok()) return CudaToAbsl(s);
+    const absl::Time done = absl::Now();
 
     TensorMap result;
     for (const Slot& slot : outputs) {
@@ -154,6 +251,17 @@ class CudaBackend : public Backend {
       t.shape = slot.t.shape;
       t.data.assign(host + slot.offset, slot.bytes);
       result[slot.name] = std::move(t);
+    }
+    BackendStageTimes& times = ThisThreadStageTimes();
+    times.valid = true;
+    if (zero_copy) {
+      times.h2d = absl::ToDoubleSeconds(packed - t0);
+      times.kernel = absl::ToDoubleSeconds(done - packed);
+      times.d2h = absl::ToDoubleSeconds(absl::Now() - done);
+    } else {
+      times.h2d = absl::ToDoubleSeconds(packed - t0) + events_.Seconds(0, 1);
+      times.kernel = events_.Seconds(1, 2);
+      times.d2h = events_.Seconds(2, 3) + absl::ToDoubleSeconds(absl::Now() - done);
     }
     return result;
   }
@@ -166,6 +274,14 @@ class CudaBackend : public Backend {
   DeviceArena arena_;
   DeviceArena scratch_;
   PinnedBuffer staging_;
+  StageEvents events_;
+  struct Slot {
+    std::string name;
+    DeviceTensor t;
+    size_t offset;
+    size_t bytes;
+  };
+  std::vector<Slot> inputs_, outputs_;
   const std::unique_ptr<Backend> cpu_fallback_ = MakeCpuBackend();
 };
 

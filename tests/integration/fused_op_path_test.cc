@@ -1,0 +1,179 @@
+// The FusedOp hot path (issue 18): small ops run on the gRPC thread that
+// received them (inline, counted by fusedserve_inline_launches_total), every
+// request's stages land in fusedserve_fused_op_stage_seconds, concurrent
+// requests still merge (the batcher), and the three gRPC APIs
+// (--fused_op_api: async by default, callback, sync) answer the same. Generate streams observe
+// fusedserve_generate_token_send_seconds.
+#include <signal.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "server/validation.h"
+#include "tests/integration/server_process.h"
+
+namespace fusedserve {
+namespace {
+
+using testing::ServerProcess;
+
+const char* const kStages[] = {"receive", "decode", "queue", "h2d", "kernel", "d2h", "encode", "send"};
+
+// The value of the sample line `series` (name{labels} exactly as exposed), or -1.
+double Sample(const std::string& metrics, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (line.size() > series.size() + 1 && line.substr(0, series.size()) == series && line[series.size()] == ' ') {
+      double v = 0;
+      if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+double StageCount(const std::string& metrics, const std::string& stage) {
+  return Sample(metrics, "fusedserve_fused_op_stage_seconds_count{stage=\"" + stage + "\"}");
+}
+
+// Scrapes until `pred` holds (the send stage is recorded after the client
+// already has its answer) or 10 s pass; returns the last scrape.
+template <typename Pred>
+std::string ScrapeUntil(const ServerProcess& server, Pred pred) {
+  std::string m;
+  for (int i = 0; i < 200; ++i) {
+    m = testing::HttpGet(server.metrics_port(), "/metrics");
+    if (pred(m)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return m;
+}
+
+// One rms_norm call checked against the CPU reference; every call shares
+// one weight (so that concurrent calls may merge).
+void CallAndCheck(const ServerProcess& server, uint64_t seed, int64_t rows = 2, int64_t hidden = 64) {
+  OpRequest r = MakeRandomRequest("rms_norm", DType::kF32, {rows, hidden}, seed);
+  r.inputs["weight"] = MakeRandomRequest("rms_norm", DType::kF32, {1, hidden}, 1).inputs["weight"];
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::FusedOpResponse resp;
+  const grpc::Status st = server.stub()->FusedOp(&ctx, OpRequestToProto(r), &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  absl::StatusOr<TensorMap> want = MakeCpuBackend()->Run(r);
+  ASSERT_TRUE(want.ok());
+  absl::StatusOr<HostTensor> got = TensorFromProto(resp.outputs().at("y"), "y", {});
+  ASSERT_TRUE(got.ok());
+  const std::vector<float> g = got->ToFloat(), w = want->at("y").ToFloat();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-5 * (1 + std::abs(w[i]))) << i;
+}
+
+void SequentialCallsRunInlineAndStampEveryStage(const std::vector<std::string>& flags) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(flags);
+  ASSERT_NE(server, nullptr);
+  constexpr int kCalls = 20;
+  for (int i = 0; i < kCalls; ++i) CallAndCheck(*server, 100 + i);
+  const std::string m = ScrapeUntil(*server, [](const std::string& s) { return StageCount(s, "send") >= kCalls; });
+  // One at a time: each found the scheduler idle and ran on its gRPC thread.
+  EXPECT_EQ(Sample(m, "fusedserve_inline_launches_total"), kCalls) << m;
+  for (const char* stage : kStages) EXPECT_EQ(StageCount(m, stage), kCalls) << stage;
+  // The CPU backend does not split its work: it is all "kernel".
+  EXPECT_EQ(Sample(m, "fusedserve_fused_op_stage_seconds_sum{stage=\"h2d\"}"), 0);
+  EXPECT_GT(Sample(m, "fusedserve_fused_op_stage_seconds_sum{stage=\"kernel\"}"), 0);
+  EXPECT_EQ(Sample(m, "fusedserve_requests_total{code=\"OK\",op=\"rms_norm\",rpc=\"FusedOp\"}"), kCalls);
+}
+
+TEST(FusedOpPath, SequentialCallsRunInlineAndStampEveryStage) { SequentialCallsRunInlineAndStampEveryStage({}); }
+
+TEST(FusedOpPath, SyncApiRunsInlineAndStampsEveryStage) {
+  SequentialCallsRunInlineAndStampEveryStage({"--fused_op_api=sync"});
+}
+TEST(FusedOpPath, CallbackApiRunsInlineAndStampsEveryStage) {
+  SequentialCallsRunInlineAndStampEveryStage({"--fused_op_api=callback"});
+}
+
+TEST(FusedOpPath, InlineOffSendsEveryRequestToTheWorkers) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--inline_max_bytes=0"});
+  ASSERT_NE(server, nullptr);
+  for (int i = 0; i < 5; ++i) CallAndCheck(*server, 200 + i);
+  const std::string m = ScrapeUntil(*server, [](const std::string& s) { return StageCount(s, "send") >= 5; });
+  EXPECT_EQ(Sample(m, "fusedserve_inline_launches_total"), 0);
+  EXPECT_EQ(StageCount(m, "queue"), 5);
+}
+
+TEST(FusedOpPath, BadFusedOpApiFlagIsRejected) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Spawn({"--fused_op_api=bogus"});
+  EXPECT_EQ(server->WaitExit(30), 1);
+  EXPECT_NE(server->Log().find("--fused_op_api must be callback, sync or async"), std::string::npos) << server->Log();
+}
+
+// Under concurrency requests still merge: with a batch delay long enough for
+// 8 concurrent callers to meet, fewer launches than requests happen, and
+// every caller gets its own rows.
+void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
+  std::vector<std::string> flags = {"--batch_max_delay_us=20000", "--batch_parallel_launches=1", "--worker_threads=1"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start(flags);
+  ASSERT_NE(server, nullptr);
+  constexpr int kThreads = 8, kEach = 10;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Rows of 32768: long enough on the CPU backend for callers to meet.
+      for (int i = 0; i < kEach; ++i) CallAndCheck(*server, 1000 + t * kEach + i, 1 + (t % 3), 32768);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::string m =
+      ScrapeUntil(*server, [](const std::string& s) { return StageCount(s, "send") >= kThreads * kEach; });
+  const double requests = Sample(m, "fusedserve_batch_size_sum{op=\"rms_norm\"}");
+  const double launches = Sample(m, "fusedserve_batch_size_count{op=\"rms_norm\"}");
+  EXPECT_EQ(requests, kThreads * kEach) << m;
+  EXPECT_LT(launches, requests) << "no request was merged";
+  EXPECT_EQ(StageCount(m, "decode"), kThreads * kEach);
+}
+
+TEST(FusedOpPath, ConcurrentCallsStillBatch) { ConcurrentCallsStillBatch({}); }
+TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheSyncApi) { ConcurrentCallsStillBatch({"--fused_op_api=sync"}); }
+TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheCallbackApi) { ConcurrentCallsStillBatch({"--fused_op_api=callback"}); }
+
+// The async API's queues (the default) stop cleanly on SIGTERM (drain, then exit 0).
+TEST(FusedOpPath, AsyncApiDrainsOnSigterm) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--grpc_pollers=2"});
+  ASSERT_NE(server, nullptr);
+  CallAndCheck(*server, 7);
+  server->Signal(SIGTERM);
+  EXPECT_EQ(server->WaitExit(30), 0) << server->Log();
+}
+
+TEST(FusedOpPath, GenerateObservesTokenSendTime) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start();
+  ASSERT_NE(server, nullptr);
+  v1::GenerateRequest req;
+  for (int t : {1, 2, 3, 4}) req.add_prompt_token_ids(t);
+  req.set_max_new_tokens(8);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = server->stub()->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  int tokens = 0, messages = 0;
+  while (reader->Read(&resp)) {
+    tokens += resp.token_ids_size();
+    messages += resp.token_ids_size() > 0 ? 1 : 0;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 8);
+  const std::string m = ScrapeUntil(*server, [&](const std::string& s) {
+    return Sample(s, "fusedserve_generate_token_send_seconds_count") >= messages;
+  });
+  EXPECT_EQ(Sample(m, "fusedserve_generate_token_send_seconds_count"), messages) << m;
+  EXPECT_GT(Sample(m, "fusedserve_generate_token_send_seconds_sum"), 0);
+}
+
+}  // namespace
+}  // namespace fusedserve

@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/norm.h"
@@ -50,70 +51,8 @@
 namespace fusedserve {
 namespace {
 
-absl::Status Cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
-}
-
-// Device memory, freed on destruction.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() { Reset(); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  absl::Status Allocate(size_t bytes, const char* what) {
-    Reset();
-    if (bytes == 0) return absl::OkStatus();
-    if (cudaError_t e = cudaMalloc(&ptr_, bytes); e != cudaSuccess) {
-      ptr_ = nullptr;
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cudaMalloc of ", bytes, " bytes for ", what, ": ", cudaGetErrorString(e)));
-    }
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-  void Reset() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Pinned host memory.
-class HostBuffer {
- public:
-  HostBuffer() = default;
-  ~HostBuffer() { Reset(); }
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  absl::Status Allocate(size_t bytes) {
-    Reset();
-    if (bytes == 0) return absl::OkStatus();
-    return Cuda(cudaMallocHost(&ptr_, bytes), "cudaMallocHost");
-  }
-  void Reset() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-    ptr_ = nullptr;
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-};
+// A runtime call's error as a status (the one conversion, CudaToAbsl).
+absl::Status Cuda(cudaError_t e, const char* what) { return CudaToAbsl(CheckCuda(e, what, __FILE__, __LINE__)); }
 
 // The int32 step inputs, packed for the step's sizes (t token rows, r paged
 // query rows, s sequences, bt block-table entries) into one pinned staging
@@ -212,7 +151,8 @@ class CudaModelRunner final : public ModelRunner {
         cs[(p * half + i) * 2 + 1] = static_cast<float>(std::sin(a));
       }
     }
-    if (absl::Status status = cos_sin_.Allocate(cs.size() * sizeof(float), "rope table"); !status.ok()) return status;
+    if (absl::Status status = CudaToAbsl(cos_sin_.Allocate(cs.size() * sizeof(float)), "rope table"); !status.ok())
+      return status;
     if (absl::Status status =
             Cuda(cudaMemcpy(cos_sin_.get(), cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice),
                  "rope table upload");
@@ -238,8 +178,8 @@ class CudaModelRunner final : public ModelRunner {
     // One spare block (index num_blocks) takes the K/V of graph padding rows.
     layer_slots_ = (num_blocks + 1) * block_size;
     const size_t bytes = static_cast<size_t>(c_.layers * layer_slots_ * c_.kv_dim()) * es_;
-    if (absl::Status status = k_cache_.Allocate(bytes, "K cache"); !status.ok()) return status;
-    if (absl::Status status = v_cache_.Allocate(bytes, "V cache"); !status.ok()) return status;
+    if (absl::Status status = CudaToAbsl(k_cache_.Allocate(bytes), "K cache"); !status.ok()) return status;
+    if (absl::Status status = CudaToAbsl(v_cache_.Allocate(bytes), "V cache"); !status.ok()) return status;
     if (absl::Status status = Cuda(cudaMemsetAsync(k_cache_.get(), 0, bytes, stream_), "K cache clear"); !status.ok())
       return status;
     if (absl::Status status = Cuda(cudaMemsetAsync(v_cache_.get(), 0, bytes, stream_), "V cache clear"); !status.ok())
@@ -487,7 +427,7 @@ class CudaModelRunner final : public ModelRunner {
         ConvertFromFloat(f.data(), static_cast<int64_t>(f.size()), bytes.data() + at);
       }
     }
-    if (absl::Status status = out->Allocate(bytes.size(), names[0].c_str()); !status.ok()) return status;
+    if (absl::Status status = CudaToAbsl(out->Allocate(bytes.size()), names[0]); !status.ok()) return status;
     return Cuda(cudaMemcpy(out->get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "weight upload");
   }
 
@@ -504,30 +444,35 @@ class CudaModelRunner final : public ModelRunner {
     const int64_t T = std::max(tokens, cap_tokens_), Sq = std::max(seqs, cap_seqs_);
     if (grow_rows || seqs > cap_seqs_) {
       const int64_t D = c_.hidden, qkvd = c_.q_dim() + 2 * c_.kv_dim(), I = c_.intermediate;
-      if (absl::Status status = x_[0].Allocate(T * D * es_, "residual"); !status.ok()) return status;
-      if (absl::Status status = x_[1].Allocate(T * D * es_, "residual"); !status.ok()) return status;
-      if (absl::Status status = h_.Allocate(T * D * es_, "normed"); !status.ok()) return status;
-      if (absl::Status status = tmp_.Allocate(T * D * es_, "tmp"); !status.ok()) return status;
-      if (absl::Status status = qkv_.Allocate(T * qkvd * es_, "qkv"); !status.ok()) return status;
-      if (absl::Status status = q_.Allocate(T * c_.q_dim() * es_, "q"); !status.ok()) return status;
-      if (absl::Status status = k_.Allocate(T * c_.kv_dim() * es_, "k"); !status.ok()) return status;
-      if (absl::Status status = v_.Allocate(T * c_.kv_dim() * es_, "v"); !status.ok()) return status;
-      if (absl::Status status = ao_.Allocate(T * c_.q_dim() * es_, "attention out"); !status.ok()) return status;
-      if (absl::Status status = gu_.Allocate(T * 2 * I * es_, "gate_up"); !status.ok()) return status;
-      if (absl::Status status = act_.Allocate(T * I * es_, "mlp act"); !status.ok()) return status;
-      if (absl::Status status = last_.Allocate(Sq * D * es_, "last rows"); !status.ok()) return status;
-      if (absl::Status status = logits_.Allocate(Sq * c_.vocab * es_, "logits"); !status.ok()) return status;
-      if (absl::Status status = hlogits_.Allocate(Sq * c_.vocab * es_); !status.ok()) return status;
-      if (absl::Status status = greedy_.Allocate(Sq * sizeof(int32_t), "greedy tokens"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(x_[0].Allocate(T * D * es_), "residual"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(x_[1].Allocate(T * D * es_), "residual"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(h_.Allocate(T * D * es_), "normed"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(tmp_.Allocate(T * D * es_), "tmp"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(qkv_.Allocate(T * qkvd * es_), "qkv"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(q_.Allocate(T * c_.q_dim() * es_), "q"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(k_.Allocate(T * c_.kv_dim() * es_), "k"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(v_.Allocate(T * c_.kv_dim() * es_), "v"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(ao_.Allocate(T * c_.q_dim() * es_), "attention out"); !status.ok())
+        return status;
+      if (absl::Status status = CudaToAbsl(gu_.Allocate(T * 2 * I * es_), "gate_up"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(act_.Allocate(T * I * es_), "mlp act"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(last_.Allocate(Sq * D * es_), "last rows"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(logits_.Allocate(Sq * c_.vocab * es_), "logits"); !status.ok())
+        return status;
+      if (absl::Status status = CudaToAbsl(hlogits_.Allocate(Sq * c_.vocab * es_), "host logits"); !status.ok())
+        return status;
+      if (absl::Status status = CudaToAbsl(greedy_.Allocate(Sq * sizeof(int32_t)), "greedy tokens"); !status.ok())
+        return status;
       const size_t aws = cuda::ArgmaxWorkspaceBytes(Sq);
-      if (absl::Status status = argmax_ws_.Allocate(aws, "argmax workspace"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(argmax_ws_.Allocate(aws), "argmax workspace"); !status.ok()) return status;
       if (absl::Status status = Cuda(cudaMemset(argmax_ws_.get(), 0, aws), "argmax workspace clear"); !status.ok())
         return status;
-      if (absl::Status status = hgreedy_.Allocate(Sq * sizeof(int32_t)); !status.ok()) return status;
-      if (ws_.bytes() == 0) {
+      if (absl::Status status = CudaToAbsl(hgreedy_.Allocate(Sq * sizeof(int32_t)), "host greedy tokens"); !status.ok())
+        return status;
+      if (ws_.size() == 0) {
         const size_t ws =
             cuda::PagedAttentionWorkspaceBytes(static_cast<int>(c_.q_heads), static_cast<int>(c_.head_dim));
-        if (absl::Status status = ws_.Allocate(ws, "attention workspace"); !status.ok()) return status;
+        if (absl::Status status = CudaToAbsl(ws_.Allocate(ws), "attention workspace"); !status.ok()) return status;
         // Its split counters start at zero (each launch leaves them so).
         if (absl::Status status = Cuda(cudaMemset(ws_.get(), 0, ws), "attention workspace clear"); !status.ok())
           return status;
@@ -537,8 +482,10 @@ class CudaModelRunner final : public ModelRunner {
     }
     most.Layout(T, T, Sq, Sq * max_bt_width_);
     cap_idx_ = std::max(cap_idx_, most.total);
-    if (absl::Status status = didx_.Allocate(cap_idx_ * sizeof(int32_t), "step indices"); !status.ok()) return status;
-    if (absl::Status status = hidx_.Allocate(cap_idx_ * sizeof(int32_t)); !status.ok()) return status;
+    if (absl::Status status = CudaToAbsl(didx_.Allocate(cap_idx_ * sizeof(int32_t)), "step indices"); !status.ok())
+      return status;
+    if (absl::Status status = CudaToAbsl(hidx_.Allocate(cap_idx_ * sizeof(int32_t)), "host step indices"); !status.ok())
+      return status;
     std::memset(hidx_.as<int32_t>(), 0, cap_idx_ * sizeof(int32_t));
     return absl::OkStatus();
   }
@@ -946,13 +893,13 @@ class CudaModelRunner final : public ModelRunner {
 
   int64_t cap_tokens_ = 0, cap_seqs_ = 0;
   DeviceBuffer x_[2], h_, tmp_, qkv_, q_, k_, v_, ao_, gu_, act_, last_, logits_, ws_;
-  HostBuffer hlogits_;
+  PinnedBuffer hlogits_;
   DeviceBuffer greedy_, argmax_ws_;
-  HostBuffer hgreedy_;
+  PinnedBuffer hgreedy_;
   StepIndex ix_;         // the current step's layout
   int64_t cap_idx_ = 0;  // int32 elements didx_/hidx_ hold
   DeviceBuffer didx_;
-  HostBuffer hidx_;
+  PinnedBuffer hidx_;
 
   std::map<int64_t, Graph> graphs_;
   bool builtin_only_ = false;  // Tuned() answers "" (capturing the built-in graph to compare)

@@ -68,6 +68,7 @@ std::unique_ptr<Tuner> MakeCudaTuner() { return nullptr; }
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/predecessor.h"
@@ -87,8 +88,6 @@ constexpr int64_t kSampleBytes = int64_t{8} << 20;
 constexpr double kCandidateBudgetUs = 20000;
 constexpr int kMinRuns = 5, kMaxRuns = 25;
 
-absl::Status ToStatus(const CudaStatus& s) { return s.ok() ? absl::OkStatus() : absl::InternalError(s.message); }
-
 // Relative error norm ||candidate - reference|| / ||reference|| allowed between
 // two configs of one op: both accumulate in fp32, so they differ by output
 // rounding (a few ulps of the output dtype) and summation order.
@@ -102,34 +101,6 @@ double Tolerance(DType dtype) {
       return 1e-3;  // f32 (leaves room for TF32 GEMM paths)
   }
 }
-
-// A device buffer that only grows (also the dispatcher's scratch).
-class DeviceBuffer : public Scratch {
- public:
-  ~DeviceBuffer() override { Free(); }
-  CudaStatus Get(size_t bytes, void** ptr) override {
-    if (bytes > size_) {
-      Free();
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMalloc(&ptr_, std::max(bytes, kAlign))); !s.ok()) {
-        ptr_ = nullptr;
-        return s;
-      }
-      size_ = std::max(bytes, kAlign);
-    }
-    *ptr = ptr_;
-    return CudaStatus::Ok();
-  }
-  void Free() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    size_ = 0;
-  }
-  size_t size() const { return size_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
 
 int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -277,13 +248,13 @@ class CudaTuner : public Tuner {
 };
 
 absl::Status CudaTuner::Init() {
-  if (stream_ != nullptr) return ToStatus(FS_CUDA_CHECK(cudaSetDevice(device_)));
-  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device_)); !s.ok()) return ToStatus(s);
+  if (stream_ != nullptr) return CudaToAbsl(FS_CUDA_CHECK(cudaSetDevice(device_)));
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device_)); !s.ok()) return CudaToAbsl(s);
   cudaDeviceProp prop{};
-  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_)); !s.ok()) return ToStatus(s);
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_)); !s.ok()) return CudaToAbsl(s);
   sm_count_ = prop.multiProcessorCount;
   l2_bytes_ = static_cast<size_t>(prop.l2CacheSize);
-  return ToStatus(FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+  return CudaToAbsl(FS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
 }
 
 absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, std::string* skip) {
@@ -345,14 +316,14 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
 
   // Device memory: the problem, the L2 flush buffer and some room for scratch.
   size_t free_bytes = 0, total_bytes = 0;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes)); !s.ok()) return ToStatus(s);
+  if (CudaStatus s = FS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes)); !s.ok()) return CudaToAbsl(s);
   const size_t held = arena_.size();
   if (p->total > held && p->total - held > free_bytes * 9 / 10) {
     *skip = absl::StrCat("needs ", p->total >> 20, " MiB of device memory, ", free_bytes >> 20, " MiB free");
     return absl::OkStatus();
   }
   void* base = nullptr;
-  if (CudaStatus s = arena_.Get(p->total, &base); !s.ok()) return ToStatus(s);
+  if (CudaStatus s = arena_.Get(p->total, &base); !s.ok()) return CudaToAbsl(s);
   char* dev = static_cast<char*>(base);
   p->in.clear();
   p->out.clear();
@@ -369,7 +340,7 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
   cudaStream_t st = stream_;
   if (!random) {
     const size_t in_bytes = p->outputs.empty() ? p->total : p->outputs[0].offset;
-    if (CudaStatus s = FS_CUDA_CHECK(cudaMemsetAsync(dev, 0, in_bytes, st)); !s.ok()) return ToStatus(s);
+    if (CudaStatus s = FS_CUDA_CHECK(cudaMemsetAsync(dev, 0, in_bytes, st)); !s.ok()) return CudaToAbsl(s);
   }
   for (size_t i = 0; i < p->inputs.size(); ++i) {
     const Problem::Slot& slot = p->inputs[i];
@@ -379,8 +350,8 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
       std::vector<int32_t> v32(s.values.begin(), s.values.end());
       if (CudaStatus c = FS_CUDA_CHECK(cudaMemcpyAsync(dst, v32.data(), v32.size() * 4, cudaMemcpyHostToDevice, st));
           !c.ok())
-        return ToStatus(c);
-      if (CudaStatus c = FS_CUDA_CHECK(cudaStreamSynchronize(st)); !c.ok()) return ToStatus(c);  // v32 is local
+        return CudaToAbsl(c);
+      if (CudaStatus c = FS_CUDA_CHECK(cudaStreamSynchronize(st)); !c.ok()) return CudaToAbsl(c);  // v32 is local
       continue;
     }
     if (!random) continue;
@@ -389,7 +360,7 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
       if (src.size() != slot.bytes) return absl::InternalError("tuner: source size mismatch for " + s.name);
       if (CudaStatus c = FS_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), slot.bytes, cudaMemcpyHostToDevice, st));
           !c.ok())
-        return ToStatus(c);
+        return CudaToAbsl(c);
       continue;
     }
     // Token input: copy the source's first rows, then double up to M rows.
@@ -397,17 +368,17 @@ absl::Status CudaTuner::Build(const EnvelopeEntry& e, bool random, Problem* p, s
     const int64_t have = std::min(M, source_rows_);
     if (CudaStatus c = FS_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), have * row_bytes, cudaMemcpyHostToDevice, st));
         !c.ok())
-      return ToStatus(c);
+      return CudaToAbsl(c);
     for (int64_t filled = have; filled < M;) {
       const int64_t n = std::min(filled, M - filled);
       if (CudaStatus c = FS_CUDA_CHECK(
               cudaMemcpyAsync(dst + filled * row_bytes, dst, n * row_bytes, cudaMemcpyDeviceToDevice, st));
           !c.ok())
-        return ToStatus(c);
+        return CudaToAbsl(c);
       filled += n;
     }
   }
-  return ToStatus(FS_CUDA_CHECK(cudaStreamSynchronize(st)));
+  return CudaToAbsl(FS_CUDA_CHECK(cudaStreamSynchronize(st)));
 }
 
 CudaStatus CudaTuner::Launch(Problem& p, const std::string& config, const ConfigLookup& tuned, bool* handled) {
@@ -505,21 +476,21 @@ absl::StatusOr<double> CudaTuner::Time(Problem& p, const std::string& config, co
 absl::StatusOr<double> CudaTuner::TimeSpans(int runs, bool gated, const std::function<CudaStatus()>& launch) {
   while (static_cast<int>(events_.size()) < 2 * runs) {
     cudaEvent_t e;
-    if (CudaStatus s = FS_CUDA_CHECK(cudaEventCreate(&e)); !s.ok()) return ToStatus(s);
+    if (CudaStatus s = FS_CUDA_CHECK(cudaEventCreate(&e)); !s.ok()) return CudaToAbsl(s);
     events_.push_back(e);
   }
   void* flush = nullptr;
   const size_t flush_bytes = std::max<size_t>(2 * l2_bytes_, size_t{8} << 20);
-  if (CudaStatus s = flush_.Get(flush_bytes, &flush); !s.ok()) return ToStatus(s);
+  if (CudaStatus s = flush_.Get(flush_bytes, &flush); !s.ok()) return CudaToAbsl(s);
   void* predecessor = nullptr;
-  if (CudaStatus s = predecessor_.Get(kPredecessorBytes, &predecessor); !s.ok()) return ToStatus(s);
+  if (CudaStatus s = predecessor_.Get(kPredecessorBytes, &predecessor); !s.ok()) return CudaToAbsl(s);
 
   // A member, not a local: if the context dies, the host function may still
   // run after we return.
   Gate& gate = gate_;
   gate.Reset();
   if (gated) {
-    if (CudaStatus s = FS_CUDA_CHECK(cudaLaunchHostFunc(stream_, &Gate::Wait, &gate)); !s.ok()) return ToStatus(s);
+    if (CudaStatus s = FS_CUDA_CHECK(cudaLaunchHostFunc(stream_, &Gate::Wait, &gate)); !s.ok()) return CudaToAbsl(s);
   }
   CudaStatus failed;
   for (int i = 0; i < runs && failed.ok(); ++i) {
@@ -534,13 +505,13 @@ absl::StatusOr<double> CudaTuner::TimeSpans(int runs, bool gated, const std::fun
     if (absl::Status s = Recover("timing: " + failed.message); !s.ok()) return s;
     return absl::AbortedError(failed.message);
   }
-  if (CudaStatus s = FS_CUDA_CHECK(cudaStreamSynchronize(stream_)); !s.ok()) return ToStatus(s);
+  if (CudaStatus s = FS_CUDA_CHECK(cudaStreamSynchronize(stream_)); !s.ok()) return CudaToAbsl(s);
   if (gate.timed_out) return TimeSpans(runs, /*gated=*/false, launch);
   std::vector<double> us(runs);
   for (int i = 0; i < runs; ++i) {
     float ms = 0;
     if (CudaStatus s = FS_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1])); !s.ok())
-      return ToStatus(s);
+      return CudaToAbsl(s);
     us[i] = 1000.0 * ms;
   }
   std::nth_element(us.begin(), us.begin() + runs / 2, us.end());
@@ -585,7 +556,7 @@ absl::StatusOr<TuneResult> CudaTuner::Tune(const EnvelopeEntry& e, const ConfigL
     // Correctness run on poisoned outputs (all-ones bits: NaN in every float dtype).
     for (const Problem::Slot& slot : p.outputs) {
       if (CudaStatus s = FS_CUDA_CHECK(cudaMemsetAsync(slot.tensor.data, 0xff, slot.bytes, stream_)); !s.ok())
-        return ToStatus(s);
+        return CudaToAbsl(s);
     }
     bool handled = false;
     CudaStatus run = Launch(p, config, tuned, &handled);
@@ -605,7 +576,7 @@ absl::StatusOr<TuneResult> CudaTuner::Tune(const EnvelopeEntry& e, const ConfigL
       result.rejected.emplace_back(config, "launch_failed");
       continue;
     }
-    if (CudaStatus s = Sample(p, is_default ? &reference : &got); !s.ok()) return ToStatus(s);
+    if (CudaStatus s = Sample(p, is_default ? &reference : &got); !s.ok()) return CudaToAbsl(s);
     double rel = 0;
     if (!is_default && !Matches(reference, got, e.dtype, &rel)) {
       result.rejected.emplace_back(config, "mismatch");

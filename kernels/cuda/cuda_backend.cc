@@ -22,24 +22,17 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/cuda/buffers.h"
 
 namespace fusedserve {
 namespace {
 
 constexpr size_t kAlign = 256;
-// Zero-copy launches: inputs + outputs at most this size, row-wise ops only.
+// Zero-copy launches: inputs + outputs at most this size, memory-bound ops
+// (OpSpec::memory_bound: one row-wise pass) only.
 constexpr size_t kZeroCopyBytes = 64 << 10;
 // How long a wait spins before it blocks.
 constexpr absl::Duration kSpinWait = absl::Microseconds(200);
-
-bool ZeroCopyOp(const std::string& op) {
-  static const char* const kRowWise[] = {
-      "rms_norm", "add_rms_norm", "add_rms_norm_silu", "layer_norm", "softmax", "silu_and_mul", "gelu", "rope"};
-  for (const char* o : kRowWise) {
-    if (op == o) return true;
-  }
-  return false;
-}
 
 // Zero-copy is on unless FUSEDSERVE_ZERO_COPY=0 (A/B and a way out).
 bool ZeroCopyEnabled() {
@@ -61,58 +54,6 @@ CudaStatus WaitStream(cudaStream_t st) {
   }
 }
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// A device buffer that only grows.
-class DeviceArena : public Scratch {
- public:
-  ~DeviceArena() override {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  CudaStatus Get(size_t bytes, void** ptr) override {
-    if (bytes > size_) {
-      if (ptr_ != nullptr) {
-        if (CudaStatus s = FS_CUDA_CHECK(cudaFree(ptr_)); !s.ok()) return s;
-        ptr_ = nullptr;
-        size_ = 0;
-      }
-      if (CudaStatus s = FS_CUDA_CHECK(cudaMalloc(&ptr_, bytes)); !s.ok()) return s;
-      size_ = bytes;
-    }
-    *ptr = ptr_;
-    return CudaStatus::Ok();
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
-
-// Pinned, mapped host memory: `device` is its address in kernels.
-class PinnedBuffer {
- public:
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-  }
-  CudaStatus Get(size_t bytes, char** ptr, char** device = nullptr) {
-    if (bytes > size_) {
-      if (ptr_ != nullptr) cudaFreeHost(ptr_);
-      ptr_ = nullptr;
-      dev_ = nullptr;
-      size_ = 0;
-      if (CudaStatus s = FS_CUDA_CHECK(cudaHostAlloc(&ptr_, bytes, cudaHostAllocMapped)); !s.ok()) return s;
-      if (CudaStatus s = FS_CUDA_CHECK(cudaHostGetDevicePointer(&dev_, ptr_, 0)); !s.ok()) return s;
-      size_ = bytes;
-    }
-    *ptr = static_cast<char*>(ptr_);
-    if (device != nullptr) *device = static_cast<char*>(dev_);
-    return CudaStatus::Ok();
-  }
-
- private:
-  void* ptr_ = nullptr;
-  void* dev_ = nullptr;
-  size_t size_ = 0;
-};
 
 // Four timing events around the copy path's H2D, kernels and D2H.
 class StageEvents {
@@ -190,7 +131,7 @@ class CudaBackend : public Backend {
       outputs.push_back({name, t, total, bytes});
       total += AlignUp(bytes);
     }
-    const bool zero_copy = total <= kZeroCopyBytes && ZeroCopyOp(r.op) && ZeroCopyEnabled();
+    const bool zero_copy = total <= kZeroCopyBytes && r.spec != nullptr && r.spec->memory_bound && ZeroCopyEnabled();
     void* dev = nullptr;
     char* host = nullptr;
     char* host_dev = nullptr;  // `host` as kernels address it
@@ -271,8 +212,8 @@ class CudaBackend : public Backend {
   const std::string name_;
   std::mutex mu_;
   DispatchContext ctx_;
-  DeviceArena arena_;
-  DeviceArena scratch_;
+  DeviceBuffer arena_;
+  DeviceBuffer scratch_;
   PinnedBuffer staging_;
   StageEvents events_;
   struct Slot {

@@ -290,89 +290,97 @@ void Drain(grpc::Server& server, FusedServeService& service, Engine& engine, Met
   grace_timer.join();
 }
 
-int Run(const std::string& mode, Lifecycle& lifecycle) {
-  absl::StatusOr<std::unique_ptr<TuningService>> tuning = TuningService::Create(WarmupOptionsFromFlags());
-  if (!tuning.ok()) {
-    LogError("tuning cache: " + std::string(tuning.status().message()));
+// fusedserve tune: fills the tuning cache on the GPU, then exits.
+int Tune(TuningService& tuning, Backend& backend) {
+  if (backend.name() != "cuda") {
+    LogError(
+        "fusedserve tune needs a CUDA GPU: kernel configs are tuned by timing them on the device, and "
+        "this host has none (--device=" +
+        absl::GetFlag(FLAGS_device) + "); run it on the GPU node");
+    return 2;
+  }
+  if (absl::Status s = tuning.Warmup(&backend, [](const std::string& line) { LogInfo(line); }); !s.ok()) {
+    LogError("tuning failed: " + std::string(s.message()));
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(absl::GetFlag(FLAGS_device), (*tuning)->lookup());
-  if (!backend.ok()) {
-    LogError(std::string(backend.status().message()));
-    return 1;
-  }
-  LogInfo("backend: " + (*backend)->name() + " (" + (*backend)->device_name() + ")");
-  auto log = [](const std::string& line) { LogInfo(line); };
+  const WarmupReport r = tuning.report();
+  LogInfo(absl::StrCat("tuning cache ", r.cache_state, ": ", r.entries, " entries, ", r.misses, " tuned, ",
+                       r.benchmarks, " configs timed in ", r.seconds, " s"));
+  return 0;
+}
 
-  if (mode == "tune") {
-    if ((*backend)->name() != "cuda") {
-      LogError(
-          "fusedserve tune needs a CUDA GPU: kernel configs are tuned by timing them on the device, and "
-          "this host has none (--device=" +
-          absl::GetFlag(FLAGS_device) + "); run it on the GPU node");
-      return 2;
-    }
-    if (absl::Status s = (*tuning)->Warmup(backend->get(), log); !s.ok()) {
-      LogError("tuning failed: " + std::string(s.message()));
-      return 1;
-    }
-    const WarmupReport r = (*tuning)->report();
-    LogInfo(absl::StrCat("tuning cache ", r.cache_state, ": ", r.entries, " entries, ", r.misses, " tuned, ",
-                         r.benchmarks, " configs timed in ", r.seconds, " s"));
-    return 0;
-  }
+absl::Status ServeMetrics(Metrics& metrics) {
+  const std::string listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (listen.empty()) return absl::OkStatus();
+  MetricsServeOptions o;
+  o.listen = listen;
+  o.threads = absl::GetFlag(FLAGS_metrics_threads);
+  o.request_timeout_ms = absl::GetFlag(FLAGS_metrics_request_timeout_ms);
+  o.grpc_uses_tls = !absl::GetFlag(FLAGS_tls_cert).empty();
+  if (absl::Status s = metrics.Serve(o); !s.ok()) return s;
+  LogInfo("metrics on http://" + listen + "/metrics");
+  return absl::OkStatus();
+}
 
-  // Never destroyed: the process leaves through _Exit once drained, and
-  // civetweb's stop alone would take ~2 s.
-  Metrics& metrics = *new Metrics;
-  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  if (!metrics_listen.empty()) {
-    MetricsServeOptions metrics_options;
-    metrics_options.listen = metrics_listen;
-    metrics_options.threads = absl::GetFlag(FLAGS_metrics_threads);
-    metrics_options.request_timeout_ms = absl::GetFlag(FLAGS_metrics_request_timeout_ms);
-    metrics_options.grpc_uses_tls = !absl::GetFlag(FLAGS_tls_cert).empty();
-    if (absl::Status s = metrics.Serve(metrics_options); !s.ok()) {
-      LogError(std::string(s.message()));
-      return 1;
-    }
-    LogInfo("metrics on http://" + metrics_listen + "/metrics");
-  }
+absl::StatusOr<std::unique_ptr<OpScheduler>> MakeOpScheduler(Backend& backend, Metrics& metrics,
+                                                             const ValidationLimits& limits) {
+  DirectSchedulerOptions o;
+  o.threads = absl::GetFlag(FLAGS_worker_threads);
+  if (o.threads <= 0) o.threads = backend.name() == "cuda" ? 2 : static_cast<int>(std::thread::hardware_concurrency());
+  o.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  o.inline_max_bytes = absl::GetFlag(FLAGS_inline_max_bytes);
+  return MakeScheduler(&backend, &metrics, o, limits);
+}
 
-  DirectSchedulerOptions sched;
-  sched.threads = absl::GetFlag(FLAGS_worker_threads);
-  if (sched.threads <= 0) {
-    sched.threads = (*backend)->name() == "cuda" ? 2 : static_cast<int>(std::thread::hardware_concurrency());
-  }
-  sched.max_queue = absl::GetFlag(FLAGS_max_queue);
-  sched.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
-  sched.inline_max_bytes = absl::GetFlag(FLAGS_inline_max_bytes);
-  const ValidationLimits limits = LimitsFromFlags(**backend);
-  absl::StatusOr<std::unique_ptr<OpScheduler>> made_scheduler = MakeScheduler(backend->get(), &metrics, sched, limits);
-  if (!made_scheduler.ok()) {
-    LogError(std::string(made_scheduler.status().message()));
-    return 1;
-  }
-  std::unique_ptr<OpScheduler> scheduler = *std::move(made_scheduler);
+// The hosted model: its weights (random for --model_preset unless --model is
+// set) on the backend's runner, and the KV cache size for it.
+struct HostedModel {
+  ModelConfig config;
+  std::unique_ptr<ModelRunner> runner;
+  int64_t kv_cache_blocks = 0;
+};
 
-  // The hosted model and its engine (random weights for --model_preset unless --model is set).
+absl::StatusOr<HostedModel> LoadHostedModel(Backend& backend, TuningService& tuning) {
   absl::StatusOr<std::unique_ptr<ModelWeights>> weights =
       LoadModelWeights(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_model_preset), absl::GetFlag(FLAGS_seed));
-  if (!weights.ok()) {
-    LogError("model: " + std::string(weights.status().message()));
-    return 1;
+  if (!weights.ok()) return weights.status();
+  HostedModel m;
+  m.config = (*weights)->config();
+  LogInfo(absl::StrCat("model ", m.config.name, ": ", m.config.layers, " layers, hidden ", m.config.hidden, ", vocab ",
+                       m.config.vocab, ", ", m.config.NumParameters() / 1e6, "M parameters"));
+  m.kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = absl::UnimplementedError("no model runner");
+#ifdef FUSEDSERVE_HAVE_CUDA
+  if (backend.name() == "cuda") {
+    CudaModelRunnerOptions o;
+    o.device = absl::GetFlag(FLAGS_cuda_device);
+    o.max_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+    o.max_seqs = absl::GetFlag(FLAGS_max_running);
+    o.tuned = tuning.counted_lookup();
+    runner = MakeCudaModelRunner(*std::move(weights), o);
+    if (!runner.ok()) return runner.status();
+    if (m.kv_cache_blocks <= 0) {
+      absl::StatusOr<int64_t> blocks =
+          CudaKvCacheBlocks(**runner, o.device, absl::GetFlag(FLAGS_kv_block_size),
+                            absl::GetFlag(FLAGS_kv_cache_gpu_fraction), /*reserve_bytes=*/int64_t{512} << 20);
+      if (!blocks.ok()) return blocks.status();
+      m.kv_cache_blocks = *blocks;
+    }
   }
-  const ModelConfig model_config = (*weights)->config();
-  LogInfo(absl::StrCat("model ", model_config.name, ": ", model_config.layers, " layers, hidden ", model_config.hidden,
-                       ", vocab ", model_config.vocab, ", ", model_config.NumParameters() / 1e6, "M parameters"));
-  // The tokenizer: the checkpoint's tokenizer.json, or the presets' built-in
-  // one. One the server cannot reproduce exactly is a config error.
+#endif
+  if (backend.name() != "cuda") runner = MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
+  if (!runner.ok()) return runner.status();
+  m.runner = *std::move(runner);
+  return m;
+}
+
+// The tokenizer: the checkpoint's tokenizer.json, or the presets' built-in
+// one. One the server cannot reproduce exactly is a config error.
+absl::StatusOr<std::unique_ptr<TextSupport>> LoadText(const ModelConfig& model) {
   absl::StatusOr<std::unique_ptr<TextSupport>> text =
-      TextSupport::Load(absl::GetFlag(FLAGS_model), static_cast<int32_t>(model_config.vocab));
-  if (!text.ok()) {
-    LogError("tokenizer: " + std::string(text.status().message()));
-    return 1;
-  }
+      TextSupport::Load(absl::GetFlag(FLAGS_model), static_cast<int32_t>(model.vocab));
+  if (!text.ok()) return text.status();
   if (const tokenizer::Tokenizer* t = (*text)->tokenizer(); t != nullptr) {
     LogInfo(absl::StrCat("tokenizer: ", t->name(), ", vocab ", t->vocab_size()));
   } else {
@@ -380,48 +388,31 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     (*text)->FillInfo(&why);
     LogWarning("tokenizer: " + why.unavailable_reason());
   }
-  absl::StatusOr<std::unique_ptr<ModelRunner>> runner = absl::UnimplementedError("no model runner");
-  int64_t kv_cache_blocks = absl::GetFlag(FLAGS_kv_cache_blocks);
-#ifdef FUSEDSERVE_HAVE_CUDA
-  if ((*backend)->name() == "cuda") {
-    CudaModelRunnerOptions cuda_options;
-    cuda_options.device = absl::GetFlag(FLAGS_cuda_device);
-    cuda_options.max_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
-    cuda_options.max_seqs = absl::GetFlag(FLAGS_max_running);
-    cuda_options.tuned = (*tuning)->counted_lookup();
-    runner = MakeCudaModelRunner(*std::move(weights), cuda_options);
-    if (runner.ok() && kv_cache_blocks <= 0) {
-      absl::StatusOr<int64_t> blocks =
-          CudaKvCacheBlocks(**runner, cuda_options.device, absl::GetFlag(FLAGS_kv_block_size),
-                            absl::GetFlag(FLAGS_kv_cache_gpu_fraction), /*reserve_bytes=*/int64_t{512} << 20);
-      if (!blocks.ok()) {
-        LogError("model: " + std::string(blocks.status().message()));
-        return 1;
-      }
-      kv_cache_blocks = *blocks;
-    }
-  } else {
-    runner = MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
-  }
-#else
-  runner = MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
-#endif
-  if (!runner.ok()) {
-    LogError("model: " + std::string(runner.status().message()));
-    return 1;
-  }
-  ServiceOptions service_options;
-  service_options.limits = limits;
-  const std::string fused_op_api = absl::GetFlag(FLAGS_fused_op_api);
-  if (fused_op_api != "callback" && fused_op_api != "sync" && fused_op_api != "async") {
-    LogError("--fused_op_api must be callback, sync or async (got '" + fused_op_api + "')");
-    return 1;
-  }
-  service_options.fused_op_api = fused_op_api == "sync"    ? ServiceOptions::FusedOpApi::kSync
-                                 : fused_op_api == "async" ? ServiceOptions::FusedOpApi::kAsync
-                                                           : ServiceOptions::FusedOpApi::kCallback;
-  FusedServeService service(backend->get(), scheduler.get(), &metrics, service_options);
+  return text;
+}
 
+absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const ValidationLimits& limits) {
+  ServiceOptions o;
+  o.limits = limits;
+  const std::string api = absl::GetFlag(FLAGS_fused_op_api);
+  if (api != "callback" && api != "sync" && api != "async") {
+    return absl::InvalidArgumentError("--fused_op_api must be callback, sync or async (got '" + api + "')");
+  }
+  o.fused_op_api = api == "sync"    ? ServiceOptions::FusedOpApi::kSync
+                   : api == "async" ? ServiceOptions::FusedOpApi::kAsync
+                                    : ServiceOptions::FusedOpApi::kCallback;
+  return o;
+}
+
+// The gRPC server and what must outlive it.
+struct GrpcServer {
+  std::unique_ptr<grpc::Server> server;
+  grpc::CallbackGenericService unknown_methods;
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> fused_op_cqs;
+};
+
+// Listens on --listen with FusedOp on the --fused_op_api server model.
+absl::Status StartGrpc(FusedServeService& service, GrpcServer* g) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -429,95 +420,133 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   int bound_port = 0;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(
       {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_client_ca)});
-  if (!credentials.ok()) {
-    LogError(std::string(credentials.status().message()));
-    return 1;
-  }
+  if (!credentials.ok()) return credentials.status();
   builder.AddListeningPort(listen, *credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.RegisterService(&service);
-  grpc::CallbackGenericService unknown_methods;
   if (service.fused_op_service() != nullptr) {
     // FusedOp on the sync API: the pool thread that receives a call serves it.
     builder.RegisterService(service.fused_op_service());
     // FusedOp is "generic" in `service` (so that it is registered once); gRPC
     // then wants a generic service, which answers every unknown method with
     // UNIMPLEMENTED, as gRPC itself would.
-    builder.RegisterCallbackGenericService(&unknown_methods);
+    builder.RegisterCallbackGenericService(&g->unknown_methods);
   }
   int pollers = absl::GetFlag(FLAGS_grpc_pollers);
   if (pollers <= 0) pollers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
-  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> fused_op_cqs;
-  if (fused_op_api == "sync") {
+  const std::string api = absl::GetFlag(FLAGS_fused_op_api);
+  if (api == "sync") {
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, pollers);
     grpc::ResourceQuota quota("fusedserve");
     quota.SetMaxThreads(std::max(2, absl::GetFlag(FLAGS_grpc_max_threads)));
     builder.SetResourceQuota(quota);
-  } else if (fused_op_api == "async") {
-    for (int i = 0; i < pollers; ++i) fused_op_cqs.push_back(builder.AddCompletionQueue());
+  } else if (api == "async") {
+    for (int i = 0; i < pollers; ++i) g->fused_op_cqs.push_back(builder.AddCompletionQueue());
   }
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    LogError("cannot listen on " + listen);
-    return 1;
-  }
-  if (!fused_op_cqs.empty()) {
+  g->server = builder.BuildAndStart();
+  if (g->server == nullptr || bound_port == 0) return absl::UnavailableError("cannot listen on " + listen);
+  if (!g->fused_op_cqs.empty()) {
     std::vector<grpc::ServerCompletionQueue*> cqs;
-    for (auto& cq : fused_op_cqs) cqs.push_back(cq.get());
+    for (auto& cq : g->fused_op_cqs) cqs.push_back(cq.get());
     service.StartAsync(cqs);
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
   LogInfo(absl::StrCat("listening on ", listen, " (port ", bound_port, "); warming up"));
+  return absl::OkStatus();
+}
 
-  if (absl::Status s = (*tuning)->Warmup(backend->get(), log); !s.ok()) {
-    // Without a warm backend the server must not report SERVING.
-    LogError("warm-up failed: " + std::string(s.message()));
-    return 1;
-  }
-  // The engine after the warm-up: creating its KV cache makes the CUDA
-  // runner read its kernels' tuned configs and capture its decode graphs.
-  EngineOptions engine_options;
-  engine_options.kv_cache_blocks = kv_cache_blocks;
-  engine_options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  engine_options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
-  engine_options.max_running = absl::GetFlag(FLAGS_max_running);
-  engine_options.max_waiting = absl::GetFlag(FLAGS_max_waiting);
-  engine_options.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
-  engine_options.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
-  engine_options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
-  engine_options.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
-  engine_options.max_block_tokens = absl::GetFlag(FLAGS_max_block_tokens);
-  engine_options.max_queued_block_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
-  engine_options.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*std::move(runner), &metrics, engine_options);
-  if (!engine.ok()) {
-    LogError("engine: " + std::string(engine.status().message()));
-    return 1;
-  }
+EngineOptions EngineOptionsFromFlags(int64_t kv_cache_blocks) {
+  EngineOptions o;
+  o.kv_cache_blocks = kv_cache_blocks;
+  o.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  o.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  o.max_running = absl::GetFlag(FLAGS_max_running);
+  o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  o.max_batched_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
+  o.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+  o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  o.max_new_tokens_limit = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  o.max_block_tokens = absl::GetFlag(FLAGS_max_block_tokens);
+  o.max_queued_block_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  o.max_seq_len = absl::GetFlag(FLAGS_max_seq_len);
+  return o;
+}
 
+// What the CUDA model runner's kernels run: tuned configs found, and which
+// decode graphs kept them.
+void LogModelKernels(TuningService& tuning, const Engine& engine) {
+  const LookupCounts counts = tuning.counts();
+  std::string line = absl::StrCat("model kernels: ", counts.hits, " of ", counts.keys,
+                                  " shape buckets run tuned configs from the tuning cache");
+  if (!counts.missed.empty()) {
+    absl::StrAppend(&line, "; defaults for ", counts.missed.size(), " (first: ", counts.missed[0], ")");
+  }
+  LogInfo(line);
+#ifdef FUSEDSERVE_HAVE_CUDA
+  if (const std::string graphs = CudaDecodeGraphReport(engine.runner()); !graphs.empty()) {
+    LogInfo("decode graphs, tuned vs built-in configs timed in context: " + graphs);
+  }
+#endif
+}
+
+// Start-up in order (each step's failure exits 1 with its reason), serving,
+// then the drain on SIGTERM.
+int Run(const std::string& mode, Lifecycle& lifecycle) {
+  auto fail = [](const std::string& what, const absl::Status& s) {
+    LogError(what + std::string(s.message()));
+    return 1;
+  };
+  // 1. Tuning cache and backend ("fusedserve tune" stops after tuning).
+  absl::StatusOr<std::unique_ptr<TuningService>> tuning = TuningService::Create(WarmupOptionsFromFlags());
+  if (!tuning.ok()) return fail("tuning cache: ", tuning.status());
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(absl::GetFlag(FLAGS_device), (*tuning)->lookup());
+  if (!backend.ok()) return fail("", backend.status());
+  LogInfo("backend: " + (*backend)->name() + " (" + (*backend)->device_name() + ")");
+  if (mode == "tune") return Tune(**tuning, **backend);
+
+  // 2. Metrics (never destroyed: the process leaves through _Exit once
+  // drained, and civetweb's stop alone would take ~2 s) and the op scheduler.
+  Metrics& metrics = *new Metrics;
+  if (absl::Status s = ServeMetrics(metrics); !s.ok()) return fail("", s);
+  const ValidationLimits limits = LimitsFromFlags(**backend);
+  absl::StatusOr<std::unique_ptr<OpScheduler>> scheduler = MakeOpScheduler(**backend, metrics, limits);
+  if (!scheduler.ok()) return fail("", scheduler.status());
+
+  // 3. The hosted model and its tokenizer.
+  absl::StatusOr<HostedModel> model = LoadHostedModel(**backend, **tuning);
+  if (!model.ok()) return fail("model: ", model.status());
+  absl::StatusOr<std::unique_ptr<TextSupport>> text = LoadText(model->config);
+  if (!text.ok()) return fail("tokenizer: ", text.status());
+
+  // 4. Listen (health NOT_SERVING, FusedOp UNAVAILABLE until warm).
+  absl::StatusOr<ServiceOptions> service_options = ServiceOptionsFromFlags(limits);
+  if (!service_options.ok()) return fail("", service_options.status());
+  FusedServeService service(backend->get(), scheduler->get(), &metrics, *service_options);
+  GrpcServer grpc_server;
+  if (absl::Status s = StartGrpc(service, &grpc_server); !s.ok()) return fail("", s);
+  grpc::HealthCheckServiceInterface* health = grpc_server.server->GetHealthCheckService();
+  health->SetServingStatus(false);
+
+  // 5. Warm-up (without a warm backend the server must not report SERVING),
+  // then the engine: creating its KV cache makes the CUDA runner read its
+  // kernels' tuned configs and capture its decode graphs.
+  if (absl::Status s = (*tuning)->Warmup(backend->get(), [](const std::string& line) { LogInfo(line); }); !s.ok()) {
+    return fail("warm-up failed: ", s);
+  }
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(std::move(model->runner), &metrics, EngineOptionsFromFlags(model->kv_cache_blocks));
+  if (!engine.ok()) return fail("engine: ", engine.status());
   service.set_engine(engine->get());
   service.set_text(text->get());
-  if ((*backend)->name() == "cuda") {
-    const LookupCounts counts = (*tuning)->counts();
-    std::string line = absl::StrCat("model kernels: ", counts.hits, " of ", counts.keys,
-                                    " shape buckets run tuned configs from the tuning cache");
-    if (!counts.missed.empty())
-      absl::StrAppend(&line, "; defaults for ", counts.missed.size(), " (first: ", counts.missed[0], ")");
-    LogInfo(line);
-#ifdef FUSEDSERVE_HAVE_CUDA
-    if (const std::string graphs = CudaDecodeGraphReport((*engine)->runner()); !graphs.empty()) {
-      LogInfo("decode graphs, tuned vs built-in configs timed in context: " + graphs);
-    }
-#endif
-  }
+  if ((*backend)->name() == "cuda") LogModelKernels(**tuning, **engine);
+
+  // 6. Serving.
   const WarmupReport report = (*tuning)->report();
   ExportWarmupReport(report, metrics);
   v1::GetServerInfoResponse info = MakeServerInfo(**backend, report, absl::GetFlag(FLAGS_tuning_cache));
-  FillModelInfo(model_config, info.mutable_model());
+  FillModelInfo(model->config, info.mutable_model());
   (*text)->FillInfo(info.mutable_tokenizer());
   service.set_server_info(std::move(info));
   lifecycle.EnterServing([&] {
@@ -527,12 +556,13 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
     LogInfo(absl::StrCat("SERVING (warm-up ", report.seconds, " s)"));
   });
 
+  // 7. SIGTERM: drain, then stop.
   lifecycle.WaitForShutdown();
-  Drain(*server, service, **engine, metrics);
+  Drain(*grpc_server.server, service, **engine, metrics);
   service.StopAsync();
-  server->Wait();
+  grpc_server.server->Wait();
   (*engine)->Shutdown();
-  scheduler->Shutdown();
+  (*scheduler)->Shutdown();
   LogInfo("stopped");
   return 0;
 }

@@ -84,6 +84,20 @@ struct StepIndex {
 };
 
 class CudaModelRunner final : public ModelRunner {
+  // One forward step's sizes and attention plan (what a decode graph bakes in).
+  struct Step {
+    int64_t T = 0, B = 0, R = 0;  // token rows, sequences, paged query rows
+    bool use_flash = false;       // flash prefill over every sequence (rows of the others redone by paged)
+    int64_t max_prefill = 0;      // longest sequence in the flash launch
+    int splits = 1;               // paged attention context splits
+    bool block_layers = false;    // TransformerBlock: the dense k/v of the step are the "cache"
+    int64_t block_size = 0;       // TransformerBlock: S
+  };
+  struct Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+
  public:
   CudaModelRunner(const ModelConfig& c, const CudaModelRunnerOptions& o) : c_(c), o_(o) {}
 
@@ -200,6 +214,9 @@ class CudaModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
+  // One step: 1. check the batch, 2. pick the decode graph of its bucket
+  // (pure-decode steps), 3. stage its indices (and the bucket's padding
+  // rows), 4. replay the graph or enqueue the step, 5. download the tokens.
   absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
     if (k_cache_.get() == nullptr) return absl::FailedPreconditionError("KV cache not initialised");
     if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
@@ -211,16 +228,7 @@ class CudaModelRunner final : public ModelRunner {
     }
     int64_t T = 0;
     bool all_decode = true;
-    for (const SeqForward& s : batch) {
-      if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a forward batch");
-      const int64_t need = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
-      if (need > s.num_blocks) return absl::InternalError("block table too short for the sequence");
-      if (need > max_bt_width_ || s.start + s.num_tokens > table_rows_) {
-        return absl::InvalidArgumentError("sequence longer than the model's maximum position");
-      }
-      T += s.num_tokens;
-      all_decode = all_decode && s.num_tokens == 1;
-    }
+    if (absl::Status status = CheckBatch(batch, &T, &all_decode); !status.ok()) return status;
     // Growing the buffers drops the graphs, so look one up only after.
     if (absl::Status status = Reserve(T, B); !status.ok()) return status;
     const Graph* graph = nullptr;
@@ -232,88 +240,104 @@ class CudaModelRunner final : public ModelRunner {
         bucket = it->first;
       }
     }
+    Step st;
+    st.T = T;
+    st.B = B;
+    int64_t max_ctx = 1;
+    if (absl::Status status = StageIndices(batch, bucket, &st, &max_ctx); !status.ok()) return status;
+    if (absl::Status status = UploadIndices(); !status.ok()) return status;
+    if (graph != nullptr) {
+      if (absl::Status status = Cuda(cudaGraphLaunch(graph->exec, stream_), "cudaGraphLaunch"); !status.ok())
+        return status;
+    } else {
+      st.splits = cuda::PagedAttentionSplits(static_cast<int>(st.R), static_cast<int>(c_.kv_heads),
+                                             static_cast<int>(max_ctx), sm_count_);
+      if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
+    }
+    return Download(batch, out);
+  }
 
-    bool use_flash = false;
-    int64_t max_prefill = 0, R = 0;
+  // Token rows of the batch (*T), and whether every sequence decodes one token.
+  absl::Status CheckBatch(const std::vector<SeqForward>& batch, int64_t* T, bool* all_decode) const {
     for (const SeqForward& s : batch) {
-      if (flash_ok_ && s.start == 0 && s.num_tokens > 1) use_flash = true;
-      if (s.start == 0) max_prefill = std::max(max_prefill, s.num_tokens);
+      if (s.num_tokens <= 0) return absl::InternalError("empty sequence in a forward batch");
+      const int64_t need = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
+      if (need > s.num_blocks) return absl::InternalError("block table too short for the sequence");
+      if (need > max_bt_width_ || s.start + s.num_tokens > table_rows_) {
+        return absl::InvalidArgumentError("sequence longer than the model's maximum position");
+      }
+      *T += s.num_tokens;
+      *all_decode = *all_decode && s.num_tokens == 1;
+    }
+    return absl::OkStatus();
+  }
+
+  // Lays out and fills the host staging of the step's indices: per token
+  // row its token, position and cache slot; per paged query row its row,
+  // sequence and context; per sequence its length, last row and block table;
+  // then the padding rows up to `bucket`. Sets st->use_flash, max_prefill, R.
+  absl::Status StageIndices(const std::vector<SeqForward>& batch, int64_t bucket, Step* st, int64_t* max_ctx) {
+    const int64_t B = static_cast<int64_t>(batch.size());
+    int64_t R = 0;
+    for (const SeqForward& s : batch) {
+      if (flash_ok_ && s.start == 0 && s.num_tokens > 1) st->use_flash = true;
+      if (s.start == 0) st->max_prefill = std::max(st->max_prefill, s.num_tokens);
     }
     // Block tables go up as wide as this step's longest sequence needs, not
     // as wide as the longest sequence the cache could hold.
     int64_t width = 1;
     for (const SeqForward& s : batch) {
-      R += use_flash && s.start == 0 ? 0 : s.num_tokens;
+      R += st->use_flash && s.start == 0 ? 0 : s.num_tokens;
       width = std::max(width, (s.start + s.num_tokens + block_size_ - 1) / block_size_);
     }
-    ix_.Layout(std::max(T, bucket), std::max(R, bucket), std::max(B, bucket), std::max(B, bucket) * width);
-
-    // Host staging of the step's indices.
+    ix_.Layout(std::max(st->T, bucket), std::max(R, bucket), std::max(B, bucket), std::max(B, bucket) * width);
     int32_t* h = hidx_.as<int32_t>();
-    int32_t* tokens = h + ix_.tokens;
-    int32_t* positions = h + ix_.positions;
-    int32_t* slots = h + ix_.slots;
-    int32_t* rows = h + ix_.rows;
-    int32_t* row_seq = h + ix_.row_seq;
-    int32_t* ctx = h + ix_.ctx;
-    int32_t* seq_lens = h + ix_.seq_lens;
-    int32_t* last_rows = h + ix_.last_rows;
-    int32_t* bt = h + ix_.block_tables;
     h[ix_.bt_width] = static_cast<int32_t>(width);
-    int64_t row = 0, max_ctx = 1;
+    int64_t row = 0;
     R = 0;
     for (int64_t b = 0; b < B; ++b) {
       const SeqForward& s = batch[b];
       const int64_t nb = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
-      std::copy_n(s.block_table, nb, bt + b * width);
-      const bool paged = !(use_flash && s.start == 0);
+      std::copy_n(s.block_table, nb, h + ix_.block_tables + b * width);
+      const bool paged = !(st->use_flash && s.start == 0);
       for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
         const int32_t tok = s.tokens[i];
         if (tok < 0 || tok >= c_.vocab) return absl::InternalError("token id out of range");
         const int64_t pos = s.start + i;
-        tokens[row] = tok;
-        positions[row] = static_cast<int32_t>(pos);
-        slots[row] = static_cast<int32_t>(s.block_table[pos / block_size_] * block_size_ + pos % block_size_);
+        h[ix_.tokens + row] = tok;
+        h[ix_.positions + row] = static_cast<int32_t>(pos);
+        h[ix_.slots + row] = static_cast<int32_t>(s.block_table[pos / block_size_] * block_size_ + pos % block_size_);
         if (paged) {
-          rows[R] = static_cast<int32_t>(row);
-          row_seq[R] = static_cast<int32_t>(b);
-          ctx[R] = static_cast<int32_t>(pos + 1);
+          h[ix_.rows + R] = static_cast<int32_t>(row);
+          h[ix_.row_seq + R] = static_cast<int32_t>(b);
+          h[ix_.ctx + R] = static_cast<int32_t>(pos + 1);
           ++R;
-          max_ctx = std::max(max_ctx, pos + 1);
+          *max_ctx = std::max(*max_ctx, pos + 1);
         }
       }
-      seq_lens[b] = static_cast<int32_t>(s.num_tokens);
-      last_rows[b] = static_cast<int32_t>(row - 1);
+      h[ix_.seq_lens + b] = static_cast<int32_t>(s.num_tokens);
+      h[ix_.last_rows + b] = static_cast<int32_t>(row - 1);
     }
-    // Padding rows of a graph bucket: token 0 at position 0 of the spare block.
-    for (int64_t b = B; b < bucket; ++b) {
-      tokens[b] = 0;
-      positions[b] = 0;
-      slots[b] = static_cast<int32_t>(num_blocks_ * block_size_);
-      rows[b] = static_cast<int32_t>(b);
-      row_seq[b] = static_cast<int32_t>(b);
-      ctx[b] = 1;
-      seq_lens[b] = 1;
-      last_rows[b] = static_cast<int32_t>(b);
-      bt[b * width] = static_cast<int32_t>(num_blocks_);
-    }
-    if (absl::Status status = UploadIndices(); !status.ok()) return status;
+    StagePadding(B, bucket, width);
+    st->R = R;
+    return absl::OkStatus();
+  }
 
-    if (graph != nullptr) {
-      if (absl::Status status = Cuda(cudaGraphLaunch(graph->exec, stream_), "cudaGraphLaunch"); !status.ok())
-        return status;
-    } else {
-      Step st;
-      st.T = T;
-      st.B = B;
-      st.R = R;
-      st.use_flash = use_flash;
-      st.max_prefill = max_prefill;
-      st.splits = cuda::PagedAttentionSplits(static_cast<int>(R), static_cast<int>(c_.kv_heads),
-                                             static_cast<int>(max_ctx), sm_count_);
-      if (absl::Status status = EnqueueForward(st); !status.ok()) return status;
+  // Padding rows [from, to) of a graph bucket: token 0 at position 0 of the
+  // spare block, so they write nothing a sequence reads.
+  void StagePadding(int64_t from, int64_t to, int64_t width) {
+    int32_t* h = hidx_.as<int32_t>();
+    for (int64_t b = from; b < to; ++b) {
+      h[ix_.tokens + b] = 0;
+      h[ix_.positions + b] = 0;
+      h[ix_.slots + b] = static_cast<int32_t>(num_blocks_ * block_size_);
+      h[ix_.rows + b] = static_cast<int32_t>(b);
+      h[ix_.row_seq + b] = static_cast<int32_t>(b);
+      h[ix_.ctx + b] = 1;
+      h[ix_.seq_lens + b] = 1;
+      h[ix_.last_rows + b] = static_cast<int32_t>(b);
+      h[ix_.block_tables + b * width] = static_cast<int32_t>(num_blocks_);
     }
-    return Download(batch, out);
   }
 
   absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
@@ -377,18 +401,6 @@ class CudaModelRunner final : public ModelRunner {
     DeviceBuffer mlp_norm;   // [D]
     DeviceBuffer gate_up;    // [2I, D]
     DeviceBuffer down;       // [D, I]
-  };
-  struct Step {
-    int64_t T = 0, B = 0, R = 0;  // token rows, sequences, paged query rows
-    bool use_flash = false;       // flash prefill over every sequence (rows of the others redone by paged)
-    int64_t max_prefill = 0;      // longest sequence in the flash launch
-    int splits = 1;               // paged attention context splits
-    bool block_layers = false;    // TransformerBlock: the dense k/v of the step are the "cache"
-    int64_t block_size = 0;       // TransformerBlock: S
-  };
-  struct Graph {
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
   };
 
   void ConvertFromFloat(const float* src, int64_t n, uint8_t* dst) const {
@@ -754,19 +766,8 @@ class CudaModelRunner final : public ModelRunner {
     };
     for (int64_t b = 1; b <= max_b; b *= 2) {
       ix_.Layout(b, b, b, b);
-      int32_t* h = hidx_.as<int32_t>();
-      h[ix_.bt_width] = 1;
-      for (int64_t i = 0; i < b; ++i) {
-        h[ix_.tokens + i] = 0;
-        h[ix_.positions + i] = 0;
-        h[ix_.slots + i] = static_cast<int32_t>(num_blocks_ * block_size_);
-        h[ix_.rows + i] = static_cast<int32_t>(i);
-        h[ix_.row_seq + i] = static_cast<int32_t>(i);
-        h[ix_.ctx + i] = 1;
-        h[ix_.seq_lens + i] = 1;
-        h[ix_.last_rows + i] = static_cast<int32_t>(i);
-        h[ix_.block_tables + i] = static_cast<int32_t>(num_blocks_);
-      }
+      hidx_.as<int32_t>()[ix_.bt_width] = 1;
+      StagePadding(0, b, /*width=*/1);
       if (absl::Status status = UploadIndices(); !status.ok()) return status;
       Step st;
       st.T = st.B = st.R = b;

@@ -315,7 +315,7 @@ void GemmAlgoTable(const ModelConfig& c, double bw) {
   cudaEventCreate(&e1);
   for (int64_t M : {16, 32, 64}) {
     for (const Shape& sh : shapes) {
-      GemmArgs a;
+      cuda::GemmParams a;
       a.dtype = DType::kBF16;
       a.M = M;
       a.N = sh.N;

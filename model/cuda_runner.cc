@@ -566,7 +566,7 @@ class CudaModelRunner final : public ModelRunner {
 
   // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
   absl::Status Linear(ModelKernel k, const void* x, const void* w, int64_t M, int64_t K, int64_t N, void* y) {
-    GemmArgs a;
+    cuda::GemmParams a;
     a.dtype = dt_;
     a.M = M;
     a.N = N;

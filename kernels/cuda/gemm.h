@@ -17,8 +17,10 @@
 #include "kernels/op.h"
 
 namespace fusedserve {
+namespace cuda {
 
-struct GemmArgs {
+// y = act(x . w^T + bias): the linear problem every GEMM path takes.
+struct GemmParams {
   DType dtype = DType::kBF16;  // x, w, bias and y share it; fp32 accumulation
   int64_t M = 0, N = 0, K = 0;
   const void* x = nullptr;     // [M,K], row stride K
@@ -27,6 +29,8 @@ struct GemmArgs {
   void* y = nullptr;           // [M,N], row stride N
   Activation act = Activation::kNone;
 };
+
+}  // namespace cuda
 
 // Number of algorithms cuBLASLt's heuristic offers for this problem (at most
 // kMaxGemmAlgos); 0 when it offers none (or there is no device). These are
@@ -37,6 +41,6 @@ int GemmAlgoCount(DType dtype, int64_t M, int64_t N, int64_t K);
 // Runs the GEMM with the heuristic's algo_index-th algorithm (clamped to the
 // list; 0 = cuBLASLt's first choice). Errors name the failing cuBLASLt call;
 // a shape cuBLASLt cannot run (no algorithm offered) is a clear error.
-CudaStatus GemmForward(const GemmArgs& args, int algo_index, cudaStream_t stream);
+CudaStatus GemmForward(const cuda::GemmParams& args, int algo_index, cudaStream_t stream);
 
 }  // namespace fusedserve

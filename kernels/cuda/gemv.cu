@@ -407,7 +407,7 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
   return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0 && Aligned16(x) && Aligned16(w);
 }
 
-CudaStatus LaunchGemv(const GemmArgs& g, cudaStream_t stream) {
+CudaStatus LaunchGemv(const cuda::GemmParams& g, cudaStream_t stream) {
   if (!GemvSupported(g.dtype, g.M, g.K, g.x, g.w)) return CudaStatus::Error("GEMV: unsupported problem");
   if (g.N == 0) return CudaStatus::Ok();
   const GemvParams p{g.x, g.w, g.bias, g.y, g.M, g.N, g.K, g.act};

@@ -16,7 +16,9 @@
 
 namespace fusedserve {
 
-struct GemmArgs;
+namespace cuda {
+struct GemmParams;
+}  // namespace cuda
 
 // y = act(y) in place.   y [n]   (act: kSilu, kGeluErf, kGeluTanh; kNone is a no-op)
 CudaStatus LaunchActivationInPlace(DType dtype, int64_t n, Activation act, void* y, cudaStream_t stream);
@@ -38,7 +40,7 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
 // y = act(x . w^T + bias) for GemvSupported problems. Launched as the
 // programmatic dependent of the previous kernel: its first weight loads
 // overlap that kernel's tail (it still waits for all of its writes).
-CudaStatus LaunchGemv(const GemmArgs& args, cudaStream_t stream);
+CudaStatus LaunchGemv(const cuda::GemmParams& args, cudaStream_t stream);
 // h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up], in one pass
 // over gate_up.   x [M,D]; gate_up [2I,D]; h [M,I]
 CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,

@@ -53,7 +53,7 @@ std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, in
 bool SkinnyShape(DType dtype, int64_t M, int64_t N, int64_t K);
 // y = act(x . w^T + bias) by the config; one that cannot apply to the call
 // (GEMV for 64 rows, the skinny GEMM with a bias) takes the built-in rule.
-CudaStatus LaunchLinear(const GemmArgs& g, const LinearConfig& c, cudaStream_t stream);
+CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream);
 
 // swiglu_mlp's path for its gate h = silu(x . gate^T) * (x . up^T)
 // (dispatch in swiglu_mlp_op.cc): "p0" a linear GEMM into gu = x . gate_up^T

@@ -1,4 +1,4 @@
-// The CUDA entry of linear (kernels/cuda/linear.h): request -> GemmArgs and
+// The CUDA entry of linear (kernels/cuda/linear.h): request -> cuda::GemmParams and
 // the tuned LinearConfig -> cuBLASLt, GEMV or the skinny GEMM. An unset or
 // unparsable config, or one that cannot apply to the shape (GEMV for large
 // M), takes the built-in rule.
@@ -37,7 +37,7 @@ bool SkinnyShape(DType dtype, int64_t M, int64_t N, int64_t K) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && M >= 1 && M <= kSkinnyMaxM && N % 16 == 0 && K % 32 == 0;
 }
 
-CudaStatus LaunchLinear(const GemmArgs& g, const LinearConfig& c, cudaStream_t stream) {
+CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream) {
   const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
   // The skinny GEMM has no epilogue.
   const bool skinny_ok =
@@ -61,7 +61,7 @@ CudaStatus RunLinear(const OpRequest& host, const DeviceTensorMap& in, const Dev
   const DeviceTensor& x = in.at("x");
   const DeviceTensor& w = in.at("weight");
   const DeviceTensor* bias = FindTensor(in, "bias");
-  GemmArgs g;
+  cuda::GemmParams g;
   g.dtype = x.dtype;
   g.M = x.shape[0];
   g.K = x.shape[1];

@@ -66,7 +66,7 @@ CudaStatus LaunchSwigluGate(DType dt, int64_t M, int64_t D, int64_t I, const voi
       break;
   }
   if (gu == nullptr) return CudaStatus::Error("swiglu: the GEMM path needs gate_up scratch");
-  GemmArgs g;
+  cuda::GemmParams g;
   g.dtype = dt;
   g.M = M;
   g.N = 2 * I;
@@ -115,7 +115,7 @@ CudaStatus RunSwigluMlp(const OpRequest& host, const DeviceTensorMap& in, const 
       !s.ok()) {
     return s;
   }
-  GemmArgs g2;
+  cuda::GemmParams g2;
   g2.dtype = dt;
   g2.M = M;
   g2.N = D;

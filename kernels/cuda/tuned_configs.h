@@ -21,7 +21,7 @@
 namespace fusedserve {
 
 // linear: y = act(x . w^T + bias).
-inline CudaStatus LaunchLinearConfig(const GemmArgs& g, const std::string& config, cudaStream_t stream) {
+inline CudaStatus LaunchLinearConfig(const cuda::GemmParams& g, const std::string& config, cudaStream_t stream) {
   cuda::LinearConfig c;
   cuda::ParseLinearConfig(config, &c);
   return cuda::LaunchLinear(g, c, stream);

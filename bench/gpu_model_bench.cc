@@ -294,7 +294,7 @@ void Layer8bTable(double bw) {
 }
 
 // cuBLASLt's candidate algorithms on the decode GEMMs of a batch of M
-// sequences (the step runs M > kGemvMaxM through cuBLASLt): time of each,
+// sequences (the step runs M > cuda::kGemvMaxM through cuBLASLt): time of each,
 // and the weight-read bandwidth it reaches.
 void GemmAlgoTable(const ModelConfig& c, double bw) {
   std::printf("\n4. cuBLASLt algorithms on the 1B decode GEMMs (median of 50, us | weight GB/s)\n");
@@ -323,13 +323,13 @@ void GemmAlgoTable(const ModelConfig& c, double bw) {
       a.x = x;
       a.w = w;
       a.y = y;
-      const int n = GemmAlgoCount(a.dtype, M, sh.N, sh.K);
+      const int n = cuda::GemmAlgoCount(a.dtype, M, sh.N, sh.K);
       std::printf("M=%-3ld %-8s", static_cast<long>(M), sh.name);
       for (int algo = 0; algo < n; ++algo) {
         std::vector<float> us;
         for (int it = 0; it < 55; ++it) {
           cudaEventRecord(e0);
-          if (!GemmForward(a, algo, nullptr).ok()) break;
+          if (!cuda::GemmForward(a, algo, nullptr).ok()) break;
           cudaEventRecord(e1);
           cudaEventSynchronize(e1);
           float ms = 0;

@@ -15,7 +15,7 @@
 
 #include "kernels/cuda/gemv.h"
 
-namespace fusedserve {
+namespace fusedserve::cuda {
 namespace {
 
 // Hopper cuBLASLt kernels use up to 32 MiB of workspace (NVIDIA's
@@ -172,7 +172,7 @@ int GemmAlgoCount(DType dtype, int64_t M, int64_t N, int64_t K) {
   return static_cast<int>(plan->algos.size());
 }
 
-CudaStatus GemmForward(const cuda::GemmParams& g, int algo_index, cudaStream_t stream) {
+CudaStatus GemmForward(const GemmParams& g, int algo_index, cudaStream_t stream) {
   if (g.M == 0 || g.N == 0) return CudaStatus::Ok();
   if (g.K == 0) {
     // cuBLASLt rejects K = 0; y = act(bias) (or act(0)).
@@ -209,4 +209,4 @@ CudaStatus GemmForward(const cuda::GemmParams& g, int algo_index, cudaStream_t s
   return CudaStatus::Ok();
 }
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

@@ -16,8 +16,7 @@
 #include "kernels/dtype.h"
 #include "kernels/op.h"
 
-namespace fusedserve {
-namespace cuda {
+namespace fusedserve::cuda {
 
 // y = act(x . w^T + bias): the linear problem every GEMM path takes.
 struct GemmParams {
@@ -30,8 +29,6 @@ struct GemmParams {
   Activation act = Activation::kNone;
 };
 
-}  // namespace cuda
-
 // Number of algorithms cuBLASLt's heuristic offers for this problem (at most
 // kMaxGemmAlgos); 0 when it offers none (or there is no device). These are
 // the linear op's tunable cuBLASLt candidates (linear.h: "p0.a0".."p0.a<n-1>").
@@ -41,6 +38,6 @@ int GemmAlgoCount(DType dtype, int64_t M, int64_t N, int64_t K);
 // Runs the GEMM with the heuristic's algo_index-th algorithm (clamped to the
 // list; 0 = cuBLASLt's first choice). Errors name the failing cuBLASLt call;
 // a shape cuBLASLt cannot run (no algorithm offered) is a clear error.
-CudaStatus GemmForward(const cuda::GemmParams& args, int algo_index, cudaStream_t stream);
+CudaStatus GemmForward(const GemmParams& args, int algo_index, cudaStream_t stream);
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

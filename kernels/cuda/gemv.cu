@@ -15,7 +15,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 
-namespace fusedserve {
+namespace fusedserve::cuda {
 namespace {
 
 using cuda::FromFloat;  // shared dtype conversions (common.cuh)
@@ -54,8 +54,6 @@ __device__ __forceinline__ float Act(float x, Activation act) {
   }
 }
 __device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
-
-bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 int Blocks(int64_t work, int threads) {
   const int64_t b = (work + threads - 1) / threads;
@@ -407,7 +405,7 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
   return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0 && Aligned16(x) && Aligned16(w);
 }
 
-CudaStatus LaunchGemv(const cuda::GemmParams& g, cudaStream_t stream) {
+CudaStatus LaunchGemv(const GemmParams& g, cudaStream_t stream) {
   if (!GemvSupported(g.dtype, g.M, g.K, g.x, g.w)) return CudaStatus::Error("GEMV: unsupported problem");
   if (g.N == 0) return CudaStatus::Ok();
   const GemvParams p{g.x, g.w, g.bias, g.y, g.M, g.N, g.K, g.act};
@@ -422,4 +420,4 @@ CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const 
   return LaunchGemvDtype<true>(dtype, p, stream);
 }
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

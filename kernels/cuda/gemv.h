@@ -14,11 +14,9 @@
 #include "kernels/dtype.h"
 #include "kernels/op.h"
 
-namespace fusedserve {
+namespace fusedserve::cuda {
 
-namespace cuda {
 struct GemmParams;
-}  // namespace cuda
 
 // y = act(y) in place.   y [n]   (act: kSilu, kGeluErf, kGeluTanh; kNone is a no-op)
 CudaStatus LaunchActivationInPlace(DType dtype, int64_t n, Activation act, void* y, cudaStream_t stream);
@@ -40,10 +38,10 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
 // y = act(x . w^T + bias) for GemvSupported problems. Launched as the
 // programmatic dependent of the previous kernel: its first weight loads
 // overlap that kernel's tail (it still waits for all of its writes).
-CudaStatus LaunchGemv(const cuda::GemmParams& args, cudaStream_t stream);
+CudaStatus LaunchGemv(const GemmParams& args, cudaStream_t stream);
 // h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up], in one pass
 // over gate_up.   x [M,D]; gate_up [2I,D]; h [M,I]
 CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                             cudaStream_t stream);
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

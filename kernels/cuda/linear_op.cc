@@ -26,30 +26,31 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K) {
   const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
   std::vector<LinearConfig> c;
-  const int n = std::max(1, GemmAlgoCount(dtype, M, N, K));
+  const int n = std::max(1, cuda::GemmAlgoCount(dtype, M, N, K));
   for (int i = 0; i < n; ++i) c.push_back({LinearPath::kGemm, i});
-  if (M >= 1 && M <= kGemvMaxM && K % vec == 0) c.push_back({LinearPath::kGemv, 0});
+  if (M >= 1 && M <= cuda::kGemvMaxM && K % vec == 0) c.push_back({LinearPath::kGemv, 0});
   if (SkinnyShape(dtype, M, N, K)) c.push_back({LinearPath::kSkinny, 0});
   return c;
 }
 
 bool SkinnyShape(DType dtype, int64_t M, int64_t N, int64_t K) {
-  return (dtype == DType::kBF16 || dtype == DType::kF16) && M >= 1 && M <= kSkinnyMaxM && N % 16 == 0 && K % 32 == 0;
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && M >= 1 && M <= cuda::kSkinnyMaxM && N % 16 == 0 &&
+         K % 32 == 0;
 }
 
 CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream) {
-  const bool gemv_ok = GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
+  const bool gemv_ok = cuda::GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
   // The skinny GEMM has no epilogue.
   const bool skinny_ok =
-      g.bias == nullptr && g.act == Activation::kNone && SkinnyGemmSupported(g.dtype, g.M, g.N, g.K, g.x, g.w);
-  if (c.path == LinearPath::kGemv && gemv_ok) return LaunchGemv(g, stream);
+      g.bias == nullptr && g.act == Activation::kNone && cuda::SkinnyGemmSupported(g.dtype, g.M, g.N, g.K, g.x, g.w);
+  if (c.path == LinearPath::kGemv && gemv_ok) return cuda::LaunchGemv(g, stream);
   if (c.path == LinearPath::kSkinny && skinny_ok)
-    return LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+    return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
   if (c.path != LinearPath::kGemm) {  // the built-in rule
-    if (gemv_ok && g.M <= kGemvAutoMaxM) return LaunchGemv(g, stream);
-    if (skinny_ok) return LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+    if (gemv_ok && g.M <= kGemvAutoMaxM) return cuda::LaunchGemv(g, stream);
+    if (skinny_ok) return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
   }
-  return GemmForward(g, c.path == LinearPath::kGemm ? c.algo : 0, stream);
+  return cuda::GemmForward(g, c.path == LinearPath::kGemm ? c.algo : 0, stream);
 }
 
 }  // namespace cuda

@@ -14,7 +14,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
-namespace fusedserve {
+namespace fusedserve::cuda {
 namespace {
 
 using cuda::FromFloat;
@@ -200,4 +200,4 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
   return LaunchDtype<true>(dtype, SkinnyParams{x, gate_up, h, M, I, D}, stream);
 }
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

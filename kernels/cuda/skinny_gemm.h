@@ -16,7 +16,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/dtype.h"
 
-namespace fusedserve {
+namespace fusedserve::cuda {
 
 constexpr int64_t kSkinnyMaxM = 32;
 
@@ -33,4 +33,4 @@ CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const 
 CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                               cudaStream_t stream);
 
-}  // namespace fusedserve
+}  // namespace fusedserve::cuda

@@ -29,7 +29,7 @@ bool ParseSwigluMlpConfig(const std::string& s, SwigluMlpConfig* c) {
 std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t D, int64_t I) {
   const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
   std::vector<SwigluMlpConfig> c = {{LinearPath::kGemm}};
-  if (M >= 1 && M <= kGemvMaxM && D % vec == 0) c.push_back({LinearPath::kGemv});
+  if (M >= 1 && M <= cuda::kGemvMaxM && D % vec == 0) c.push_back({LinearPath::kGemv});
   if (SkinnyShape(dtype, M, I, D)) c.push_back({LinearPath::kSkinny});
   return c;
 }
@@ -38,8 +38,8 @@ namespace {
 
 LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
                             const SwigluMlpConfig& c) {
-  const bool gemv_ok = GemvSupported(dt, M, D, x, gate_up);
-  const bool skinny_ok = SkinnyGemmSupported(dt, M, I, D, x, gate_up);
+  const bool gemv_ok = cuda::GemvSupported(dt, M, D, x, gate_up);
+  const bool skinny_ok = cuda::SkinnyGemmSupported(dt, M, I, D, x, gate_up);
   if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;
   if (c.path == LinearPath::kSkinny && skinny_ok) return LinearPath::kSkinny;
   if (c.path == LinearPath::kGemm) return LinearPath::kGemm;
@@ -59,9 +59,9 @@ CudaStatus LaunchSwigluGate(DType dt, int64_t M, int64_t D, int64_t I, const voi
                             cudaStream_t stream) {
   switch (ChooseSwigluPath(dt, M, D, I, x, gate_up, c)) {
     case LinearPath::kGemv:
-      return LaunchGemvSwiglu(dt, M, D, I, x, gate_up, h, stream);
+      return cuda::LaunchGemvSwiglu(dt, M, D, I, x, gate_up, h, stream);
     case LinearPath::kSkinny:
-      return LaunchSkinnySwiglu(dt, M, D, I, x, gate_up, h, stream);
+      return cuda::LaunchSkinnySwiglu(dt, M, D, I, x, gate_up, h, stream);
     default:
       break;
   }
@@ -75,7 +75,7 @@ CudaStatus LaunchSwigluGate(DType dt, int64_t M, int64_t D, int64_t I, const voi
   g.w = gate_up;
   g.y = gu;
   if (CudaStatus s = LaunchLinear(g, gate_up_config, stream); !s.ok()) return s;
-  return LaunchMlpSiluAndMul(dt, M, I, gu, h, stream);
+  return cuda::LaunchMlpSiluAndMul(dt, M, I, gu, h, stream);
 }
 
 }  // namespace cuda

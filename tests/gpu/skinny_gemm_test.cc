@@ -55,9 +55,9 @@ void Check(DType dt, int64_t M, int64_t N, int64_t K, bool swiglu) {
   ASSERT_EQ(cudaMemcpy(x.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(w.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(y.p, 0xff, M * N * 2), cudaSuccess);  // NaN poison
-  ASSERT_TRUE(SkinnyGemmSupported(dt, M, N, K, x.p, w.p));
-  const CudaStatus s = swiglu ? LaunchSkinnySwiglu(dt, M, K, N, x.p, w.p, y.p, nullptr)
-                              : LaunchSkinnyGemm(dt, M, N, K, x.p, w.p, y.p, nullptr);
+  ASSERT_TRUE(cuda::SkinnyGemmSupported(dt, M, N, K, x.p, w.p));
+  const CudaStatus s = swiglu ? cuda::LaunchSkinnySwiglu(dt, M, K, N, x.p, w.p, y.p, nullptr)
+                              : cuda::LaunchSkinnyGemm(dt, M, N, K, x.p, w.p, y.p, nullptr);
   ASSERT_TRUE(s.ok()) << s.message;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint16_t> yb(M * N);
@@ -79,7 +79,7 @@ void Check(DType dt, int64_t M, int64_t N, int64_t K, bool swiglu) {
 TEST(SkinnyGemmTest, MatchesCpuReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   for (DType dt : {DType::kBF16, DType::kF16}) {
-    for (int64_t M = 9; M <= kSkinnyMaxM; ++M) Check(dt, M, 48, 96, false);
+    for (int64_t M = 9; M <= cuda::kSkinnyMaxM; ++M) Check(dt, M, 48, 96, false);
     for (int64_t M : {16, 23, 32}) {
       Check(dt, M, 2048, 2048, false);  // o_proj of the 1B model
       Check(dt, M, 3072, 2048, false);  // qkv
@@ -91,10 +91,10 @@ TEST(SkinnyGemmTest, MatchesCpuReference) {
 }
 
 TEST(SkinnyGemmTest, RejectsWhatItCannotRun) {
-  EXPECT_FALSE(SkinnyGemmSupported(DType::kF32, 16, 64, 64, nullptr, nullptr));
-  EXPECT_FALSE(SkinnyGemmSupported(DType::kBF16, kSkinnyMaxM + 1, 64, 64, nullptr, nullptr));
-  EXPECT_FALSE(SkinnyGemmSupported(DType::kBF16, 16, 40, 64, nullptr, nullptr));  // N % 16
-  EXPECT_FALSE(SkinnyGemmSupported(DType::kBF16, 16, 64, 48, nullptr, nullptr));  // K % 32
+  EXPECT_FALSE(cuda::SkinnyGemmSupported(DType::kF32, 16, 64, 64, nullptr, nullptr));
+  EXPECT_FALSE(cuda::SkinnyGemmSupported(DType::kBF16, cuda::kSkinnyMaxM + 1, 64, 64, nullptr, nullptr));
+  EXPECT_FALSE(cuda::SkinnyGemmSupported(DType::kBF16, 16, 40, 64, nullptr, nullptr));  // N % 16
+  EXPECT_FALSE(cuda::SkinnyGemmSupported(DType::kBF16, 16, 64, 48, nullptr, nullptr));  // K % 32
 }
 
 }  // namespace

@@ -127,16 +127,38 @@ std::unique_ptr<ServerProcess> ServerProcess::Spawn(const std::vector<std::strin
 
 std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::string>& flags, double timeout_s,
                                                     std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  // FreePort's port can be taken by another test's server before this one
+  // binds it (ctest runs tests in parallel); the server then exits saying so,
+  // and it is started again on other ports.
+  for (int attempt = 0;; ++attempt) {
+    bool port_taken = false;
+    std::unique_ptr<ServerProcess> p = StartOnce(flags, timeout_s, credentials, attempt < 3 ? &port_taken : nullptr);
+    if (p != nullptr || !port_taken) return p;
+  }
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::StartOnce(const std::vector<std::string>& flags, double timeout_s,
+                                                        std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                                        bool* port_taken) {
   std::unique_ptr<ServerProcess> p = Spawn(flags);
   if (p == nullptr) return nullptr;
   const pid_t pid = p->pid_;
+  auto exited = [&] {
+    p->exited_ = true;
+    const std::string log = p->Log();
+    if (port_taken != nullptr &&
+        (log.find("cannot listen") != std::string::npos || log.find("in use") != std::string::npos)) {
+      *port_taken = true;
+      return;
+    }
+    ADD_FAILURE() << "fusedserve exited during start-up:\n" << log;
+  };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   // Create the channel only once the port accepts connections: a channel
   // that saw "connection refused" backs off for seconds before retrying.
   while (std::chrono::steady_clock::now() < deadline && !PortOpen(p->port_)) {
     if (waitpid(pid, nullptr, WNOHANG) == pid) {
-      p->exited_ = true;
-      ADD_FAILURE() << "fusedserve exited during start-up:\n" << p->Log();
+      exited();
       return nullptr;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -147,8 +169,7 @@ std::unique_ptr<ServerProcess> ServerProcess::Start(const std::vector<std::strin
     if (p->Health() == grpc::health::v1::HealthCheckResponse::SERVING) return p;
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
-      p->exited_ = true;
-      ADD_FAILURE() << "fusedserve exited during start-up:\n" << p->Log();
+      exited();
       return nullptr;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -55,6 +55,11 @@ class ServerProcess {
   std::string Log() const;
 
  private:
+  // One start; a server that exits because its port was taken sets
+  // *port_taken (when given) instead of failing the test.
+  static std::unique_ptr<ServerProcess> StartOnce(const std::vector<std::string>& flags, double timeout_s,
+                                                  std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                                  bool* port_taken);
   ServerProcess() = default;
   pid_t pid_ = -1;
   bool exited_ = false;

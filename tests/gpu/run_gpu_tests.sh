@@ -23,5 +23,5 @@ cat "$out/rc.txt"
 for f in "$out"/*.log; do
   echo "== $(basename "$f"): $(grep -E '^\[  (PASSED|FAILED) ' "$f" | tr '\n' ' ') $(grep -cE '^\[  FAILED  \]' "$f") failed lines"
 done
-grep -hE "^\[ checked" "$out"/op_test.*.log | awk '{s += $3} END {print "op_test: " s " (shape, config) runs checked"}'
+grep -hE "^\[ checked" "$out"/op_test.*.log | awk '{s += $4} END {print "op_test: " s " (shape, config) runs checked"}'
 grep -hE "Failure|FAILED  \]" "$out"/*.log | sort | uniq -c | head -20

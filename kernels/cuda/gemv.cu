@@ -400,9 +400,13 @@ CudaStatus LaunchMlpSiluAndMul(DType dtype, int64_t M, int64_t I, const void* x,
   return FS_CUDA_CHECK_LAUNCH();
 }
 
-bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w) {
+bool GemvShape(DType dtype, int64_t M, int64_t K) {
   if (!IsFloat(dtype) || M < 1 || M > kGemvMaxM || K < 1) return false;
-  return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0 && Aligned16(x) && Aligned16(w);
+  return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0;
+}
+
+bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w) {
+  return GemvShape(dtype, M, K) && Aligned16(x) && Aligned16(w);
 }
 
 CudaStatus LaunchGemv(const GemmParams& g, cudaStream_t stream) {

@@ -35,6 +35,8 @@ constexpr int64_t kGemvMaxM = 8;
 // True when the GEMV path can run: M <= kGemvMaxM, K a multiple of the
 // 16-byte vector, x and w 16-byte aligned.
 bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w);
+// GemvSupported's shape rules alone (pointers aside): where GEMV is a tuning candidate.
+bool GemvShape(DType dtype, int64_t M, int64_t K);
 // y = act(x . w^T + bias) for GemvSupported problems. Launched as the
 // programmatic dependent of the previous kernel: its first weight loads
 // overlap that kernel's tail (it still waits for all of its writes).

@@ -49,8 +49,6 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c);
 // GEMV and the skinny GEMM where they can run. A new kernel for linear adds
 // its path here.
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K);
-// The skinny GEMM's shape rules (skinny_gemm.h), pointers aside.
-bool SkinnyShape(DType dtype, int64_t M, int64_t N, int64_t K);
 // y = act(x . w^T + bias) by the config; one that cannot apply to the call
 // (GEMV for 64 rows, the skinny GEMM with a bias) takes the built-in rule.
 CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream);

@@ -24,18 +24,12 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
 }
 
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K) {
-  const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
   std::vector<LinearConfig> c;
   const int n = std::max(1, cuda::GemmAlgoCount(dtype, M, N, K));
   for (int i = 0; i < n; ++i) c.push_back({LinearPath::kGemm, i});
-  if (M >= 1 && M <= cuda::kGemvMaxM && K % vec == 0) c.push_back({LinearPath::kGemv, 0});
-  if (SkinnyShape(dtype, M, N, K)) c.push_back({LinearPath::kSkinny, 0});
+  if (GemvShape(dtype, M, K)) c.push_back({LinearPath::kGemv, 0});
+  if (SkinnyGemmShape(dtype, M, N, K)) c.push_back({LinearPath::kSkinny, 0});
   return c;
-}
-
-bool SkinnyShape(DType dtype, int64_t M, int64_t N, int64_t K) {
-  return (dtype == DType::kBF16 || dtype == DType::kF16) && M >= 1 && M <= cuda::kSkinnyMaxM && N % 16 == 0 &&
-         K % 32 == 0;
 }
 
 CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream) {

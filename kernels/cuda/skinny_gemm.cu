@@ -181,9 +181,13 @@ CudaStatus LaunchDtype(DType dtype, const SkinnyParams& p, cudaStream_t stream) 
 
 }  // namespace
 
-bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
+bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && M > 0 && M <= kSkinnyMaxM && N > 0 && N % 16 == 0 &&
-         K > 0 && K % 32 == 0 && cuda::Aligned16(x) && cuda::Aligned16(w);
+         K > 0 && K % 32 == 0;
+}
+
+bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
+  return SkinnyGemmShape(dtype, M, N, K) && cuda::Aligned16(x) && cuda::Aligned16(w);
 }
 
 CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,

@@ -23,6 +23,8 @@ constexpr int64_t kSkinnyMaxM = 32;
 // bf16/fp16, M <= kSkinnyMaxM, N (output features) a multiple of 16, K a
 // multiple of 32, x and w 16-byte aligned.
 bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w);
+// SkinnyGemmSupported's shape rules alone (pointers aside): where it is a tuning candidate.
+bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K);
 
 // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
 CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,

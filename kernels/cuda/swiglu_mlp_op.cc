@@ -27,10 +27,9 @@ bool ParseSwigluMlpConfig(const std::string& s, SwigluMlpConfig* c) {
 }
 
 std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t D, int64_t I) {
-  const int64_t vec = IsFloat(dtype) ? static_cast<int64_t>(16 / DTypeSize(dtype)) : 1;
   std::vector<SwigluMlpConfig> c = {{LinearPath::kGemm}};
-  if (M >= 1 && M <= cuda::kGemvMaxM && D % vec == 0) c.push_back({LinearPath::kGemv});
-  if (SkinnyShape(dtype, M, I, D)) c.push_back({LinearPath::kSkinny});
+  if (GemvShape(dtype, M, D)) c.push_back({LinearPath::kGemv});
+  if (SkinnyGemmShape(dtype, M, I, D)) c.push_back({LinearPath::kSkinny});
   return c;
 }
 

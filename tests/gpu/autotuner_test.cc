@@ -30,6 +30,7 @@
 #include "model/kernel_shapes.h"
 #include "model/runner.h"
 #include "model/weights.h"
+#include "tests/gpu/model_configs.h"
 #include "tests/gpu/rel_error.h"
 #include "warmup/envelope.h"
 #include "warmup/tuning_cache.h"
@@ -200,17 +201,8 @@ TEST(Autotuner, DefaultEnvelopeColdAndWarm) {
 // logits still match the CPU runner's.
 TEST(Autotuner, ModelRunnerReadsTunedConfigs) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU";
-  ModelConfig c;
-  c.name = "mid";
-  c.hidden = 512;
+  ModelConfig c = MidConfig();
   c.layers = 2;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.intermediate = 1536;
-  c.vocab = 2048;
-  c.max_position = 4096;
-  c.dtype = DType::kBF16;
   const int64_t max_tokens = 256, max_seqs = 8;
   WarmupOptions o;
   o.max_tokens = max_tokens;

@@ -23,6 +23,7 @@
 #include "model/cuda_runner.h"
 #include "model/runner.h"
 #include "model/weights.h"
+#include "tests/gpu/model_configs.h"
 #include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
@@ -31,21 +32,6 @@ namespace {
 bool HaveGpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-ModelConfig MidConfig() {
-  ModelConfig c;
-  c.name = "mid";
-  c.hidden = 512;
-  c.layers = 4;
-  c.q_heads = 8;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.intermediate = 1536;
-  c.vocab = 2048;
-  c.max_position = 4096;
-  c.dtype = DType::kBF16;
-  return c;
 }
 
 ModelConfig Mid128Config() {  // head dim 128, GQA 4, untied, llama3 rope scaling

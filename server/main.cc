@@ -451,6 +451,9 @@ absl::Status StartGrpc(FusedServeService& service, GrpcServer* g) {
   }
   g->server = builder.BuildAndStart();
   if (g->server == nullptr || bound_port == 0) return absl::UnavailableError("cannot listen on " + listen);
+  // gRPC's default health service starts out SERVING: say NOT_SERVING before
+  // anything else, so a probe cannot catch the server before its warm-up.
+  g->server->GetHealthCheckService()->SetServingStatus(false);
   if (!g->fused_op_cqs.empty()) {
     std::vector<grpc::ServerCompletionQueue*> cqs;
     for (auto& cq : g->fused_op_cqs) cqs.push_back(cq.get());
@@ -523,14 +526,13 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   absl::StatusOr<std::unique_ptr<TextSupport>> text = LoadText(model->config);
   if (!text.ok()) return fail("tokenizer: ", text.status());
 
-  // 4. Listen (health NOT_SERVING, FusedOp UNAVAILABLE until warm).
+  // 4. Listen (health NOT_SERVING, FusedOp UNAVAILABLE until warm: StartGrpc).
   absl::StatusOr<ServiceOptions> service_options = ServiceOptionsFromFlags(limits);
   if (!service_options.ok()) return fail("", service_options.status());
   FusedServeService service(backend->get(), scheduler->get(), &metrics, *service_options);
   GrpcServer grpc_server;
   if (absl::Status s = StartGrpc(service, &grpc_server); !s.ok()) return fail("", s);
   grpc::HealthCheckServiceInterface* health = grpc_server.server->GetHealthCheckService();
-  health->SetServingStatus(false);
 
   // 5. Warm-up (without a warm backend the server must not report SERVING),
   // then the engine: creating its KV cache makes the CUDA runner read its

@@ -14,7 +14,7 @@ for i in 0 1 2 3 4 5 6 7; do
    echo "op_test shard $i rc=$?" >> "$out/rc.txt") &
 done
 wait
-for t in argmax_test paged_attention_test skinny_gemm_test compute_test cuda_backend_test model_cuda_test autotuner_test; do
+for t in nccl_group_test argmax_test paged_attention_test skinny_gemm_test compute_test cuda_backend_test model_cuda_test autotuner_test; do
   [ -x "$b/bin/$t" ] || continue
   timeout 300 "$b/bin/$t" > "$out/$t.log" 2>&1
   echo "$t rc=$?" >> "$out/rc.txt"

@@ -1,0 +1,103 @@
+// NCCL all-reduce over the visible GPUs (or FS_TP_SIZE of them), bf16 in
+// place, as the tensor-parallel runner issues it after o_proj and down_proj:
+// decode messages are a few KB (B x hidden x 2 bytes), prefill ones MB.
+// Each size is timed as a CUDA graph of 20 back-to-back all-reduces per rank
+// (how the decode graphs replay them), median of 15 replays; reported per
+// all-reduce: µs, and bus bandwidth 2(N-1)/N x bytes / time (NCCL's busbw;
+// 0 for one rank). Usage: gpu_collective_bench
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "kernels/cuda/nccl_group.h"
+
+using fusedserve::DType;
+using fusedserve::bench::Median;
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (const char* e = std::getenv("FS_TP_SIZE")) n = std::min(n, std::atoi(e));
+  std::string why;
+  if (n < 1 || !fusedserve::cuda::NcclAvailable(&why)) {
+    std::printf("skipped: %s\n", n < 1 ? "no CUDA device" : why.c_str());
+    return 0;
+  }
+  std::vector<int> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(i);
+  std::unique_ptr<fusedserve::cuda::NcclGroup> g;
+  if (fusedserve::CudaStatus s = fusedserve::cuda::NcclGroup::Create(devices, &g); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.message.c_str());
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("NCCL %s, %d x %s\n", g->version().c_str(), n, prop.name);
+  std::printf("| bytes | per all-reduce (µs) | busbw (GB/s) |\n|---|---|---|\n");
+  const int kInGraph = 20;
+  const size_t kMax = size_t{64} << 20;
+  std::vector<void*> buf(n);
+  std::vector<cudaStream_t> streams(n);
+  for (int k = 0; k < n; ++k) {
+    BENCH_CHECK(cudaSetDevice(k));
+    BENCH_CHECK(cudaMalloc(&buf[k], kMax));
+    BENCH_CHECK(cudaMemset(buf[k], 0x3c, kMax));  // bf16 ~0.0115: sums stay finite
+    BENCH_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
+  }
+  for (size_t bytes = 4096; bytes <= kMax; bytes *= 4) {
+    const size_t count = bytes / 2;
+    std::vector<cudaGraphExec_t> execs(n);
+    for (int k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(k));
+      BENCH_CHECK(cudaStreamBeginCapture(streams[k], cudaStreamCaptureModeRelaxed));
+    }
+    for (int i = 0; i < kInGraph; ++i) {
+      if (!g->GroupStart().ok()) return 1;
+      for (int k = 0; k < n; ++k) {
+        if (fusedserve::CudaStatus s = g->AllReduceSum(k, buf[k], count, DType::kBF16, streams[k]); !s.ok()) {
+          std::fprintf(stderr, "%s\n", s.message.c_str());
+          return 1;
+        }
+      }
+      if (!g->GroupEnd().ok()) return 1;
+    }
+    for (int k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(k));
+      cudaGraph_t graph = nullptr;
+      BENCH_CHECK(cudaStreamEndCapture(streams[k], &graph));
+      BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
+      BENCH_CHECK(cudaGraphDestroy(graph));
+    }
+    std::vector<double> us;
+    cudaEvent_t e0, e1;
+    BENCH_CHECK(cudaSetDevice(0));
+    BENCH_CHECK(cudaEventCreate(&e0));
+    BENCH_CHECK(cudaEventCreate(&e1));
+    for (int rep = 0; rep < 18; ++rep) {
+      BENCH_CHECK(cudaSetDevice(0));
+      BENCH_CHECK(cudaEventRecord(e0, streams[0]));
+      for (int k = 0; k < n; ++k) {
+        BENCH_CHECK(cudaSetDevice(k));
+        BENCH_CHECK(cudaGraphLaunch(execs[k], streams[k]));
+      }
+      BENCH_CHECK(cudaSetDevice(0));
+      BENCH_CHECK(cudaEventRecord(e1, streams[0]));
+      for (int k = 0; k < n; ++k) BENCH_CHECK(cudaStreamSynchronize(streams[k]));
+      float ms = 0;
+      BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (rep >= 3) us.push_back(ms * 1e3 / kInGraph);
+    }
+    const double t = Median(us);
+    const double busbw = n > 1 ? 2.0 * (n - 1) / n * bytes / (t * 1e-6) / 1e9 : 0.0;
+    std::printf("| %zu | %.2f | %.1f |\n", bytes, t, busbw);
+    for (int k = 0; k < n; ++k) BENCH_CHECK(cudaGraphExecDestroy(execs[k]));
+    BENCH_CHECK(cudaEventDestroy(e0));
+    BENCH_CHECK(cudaEventDestroy(e1));
+  }
+  return 0;
+}

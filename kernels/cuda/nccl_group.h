@@ -1,0 +1,59 @@
+// NcclGroup: one NCCL communicator per GPU of this process, for the
+// tensor-parallel all-reduces (issue 15). libnccl.so.2 is loaded at run time
+// (dlopen) rather than linked: the same binary serves with one GPU on a host
+// that has no NCCL, and a group of N > 1 fails with a clear error there.
+//
+// The calling convention is NCCL's: every rank of the group must issue the
+// same collectives in the same order, each on its own stream, either from one
+// thread per rank or from one thread between GroupStart() and GroupEnd().
+// Collectives may be captured into CUDA graphs (NCCL >= 2.9).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/dtype.h"
+
+namespace fusedserve::cuda {
+
+struct NcclApi;  // NCCL's functions, resolved at run time (nccl_group.cc)
+
+class NcclGroup {
+ public:
+  // Communicators over `devices` (CUDA ordinals, distinct), rank i on
+  // devices[i] (ncclCommInitAll). Fails, naming the cause, when NCCL cannot be
+  // loaded, a device is listed twice or missing, or NCCL's init fails.
+  static CudaStatus Create(const std::vector<int>& devices, std::unique_ptr<NcclGroup>* out);
+  ~NcclGroup();
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+  int size() const { return static_cast<int>(devices_.size()); }
+  int device(int rank) const { return devices_[rank]; }
+  // "2.28.9": the loaded library's version.
+  const std::string& version() const { return version_; }
+
+  // In place: data (count elements of dtype on rank's device) becomes the sum
+  // over the group's ranks, enqueued on `stream` (a stream of rank's device).
+  CudaStatus AllReduceSum(int rank, void* data, size_t count, DType dtype, cudaStream_t stream) const;
+  // Brackets the collectives of several ranks issued from one thread.
+  CudaStatus GroupStart() const;
+  CudaStatus GroupEnd() const;
+
+ private:
+  NcclGroup() = default;
+  const NcclApi* api_ = nullptr;
+  std::vector<int> devices_;
+  std::vector<void*> comms_;  // ncclComm_t per rank
+  std::string version_;
+};
+
+// True when libnccl.so.2 can be loaded here (no device needed).
+bool NcclAvailable(std::string* why_not = nullptr);
+
+}  // namespace fusedserve::cuda

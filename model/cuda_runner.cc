@@ -22,6 +22,10 @@
 //   graphs      a step where every sequence decodes one token runs from a CUDA
 //               graph of the next batch bucket (padding rows point at the spare
 //               block), captured when the KV cache is created.
+//   ranks       with tensor parallelism (cuda_tensor_parallel.cc) each GPU runs
+//               one of these over its shard: its q/kv heads and intermediate
+//               columns, and an NCCL all-reduce of the o_proj and down_proj
+//               partial sums before each residual add.
 #ifdef FUSEDSERVE_HAVE_CUDA
 
 #include "model/cuda_runner.h"
@@ -43,9 +47,11 @@
 #include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/tuned_configs.h"
+#include "model/cuda_rank.h"
 #include "model/kernel_shapes.h"
 
 namespace fusedserve {
@@ -99,18 +105,21 @@ class CudaModelRunner final : public ModelRunner {
   };
 
  public:
-  CudaModelRunner(const ModelConfig& c, const CudaModelRunnerOptions& o) : c_(c), o_(o) {}
+  // Rank shard.rank of a tensor-parallel group (group null: the whole model).
+  CudaModelRunner(const ModelConfig& c, const CudaModelRunnerOptions& o, const TensorShard& shard,
+                  const cuda::NcclGroup* group, int device)
+      : c_(ShardConfig(c, shard)), full_(c), o_(o), shard_(shard), group_(group), device_(device) {}
 
   ~CudaModelRunner() override {
-    cudaSetDevice(o_.device);
+    cudaSetDevice(device_);
     DropGraphs();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Init(const ModelWeights& w) {
-    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) return status;
     int sms = 0;
-    if (absl::Status status = Cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o_.device), "sm count");
+    if (absl::Status status = Cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_), "sm count");
         !status.ok())
       return status;
     sm_count_ = sms;
@@ -129,6 +138,9 @@ class CudaModelRunner final : public ModelRunner {
     }
     flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
 
+    // Every tensor of a rank is its shard, sliced while uploading (no full copy).
+    const int64_t D = c_.hidden, Dh = c_.head_dim;
+    const TensorShard& r = shard_;
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
     if (!c_.tied_embeddings)
@@ -141,16 +153,28 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Upload(w, {p + "input_layernorm.weight"}, &L.attn_norm); !status.ok()) return status;
       if (absl::Status status = Upload(w, {p + "post_attention_layernorm.weight"}, &L.mlp_norm); !status.ok())
         return status;
+      // Column-parallel (rows of the weight): q/k/v by heads, gate/up by
+      // intermediate columns; row-parallel (columns): o_proj, down_proj.
+      if (absl::Status status = Upload(w,
+                                       {{p + "self_attn.q_proj.weight", r.q_head_begin * Dh, r.q_heads * Dh, 0, D},
+                                        {p + "self_attn.k_proj.weight", r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D},
+                                        {p + "self_attn.v_proj.weight", r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D}},
+                                       &L.wqkv);
+          !status.ok())
+        return status;
       if (absl::Status status =
-              Upload(w, {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
-                     &L.wqkv);
+              Upload(w, {{p + "self_attn.o_proj.weight", 0, D, r.q_head_begin * Dh, r.q_heads * Dh}}, &L.wo);
           !status.ok())
         return status;
-      if (absl::Status status = Upload(w, {p + "self_attn.o_proj.weight"}, &L.wo); !status.ok()) return status;
-      if (absl::Status status = Upload(w, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, &L.gate_up);
+      if (absl::Status status = Upload(w,
+                                       {{p + "mlp.gate_proj.weight", r.inter_begin, r.inter, 0, D},
+                                        {p + "mlp.up_proj.weight", r.inter_begin, r.inter, 0, D}},
+                                       &L.gate_up);
           !status.ok())
         return status;
-      if (absl::Status status = Upload(w, {p + "mlp.down_proj.weight"}, &L.down); !status.ok()) return status;
+      if (absl::Status status = Upload(w, {{p + "mlp.down_proj.weight", 0, D, r.inter_begin, r.inter}}, &L.down);
+          !status.ok())
+        return status;
     }
 
     // cos/sin of pos * inv_freq (Llama-3.1 scaling included), fp64 on the host.
@@ -175,7 +199,7 @@ class CudaModelRunner final : public ModelRunner {
     return Reserve(std::max<int64_t>(1, o_.max_tokens), std::max<int64_t>(1, o_.max_seqs));
   }
 
-  const ModelConfig& config() const override { return c_; }
+  const ModelConfig& config() const override { return full_; }
   std::string device() const override { return "cuda"; }
   const std::string& decode_report() const { return decode_report_; }
 
@@ -185,7 +209,7 @@ class CudaModelRunner final : public ModelRunner {
 
   absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) override {
     if (num_blocks <= 0 || block_size <= 0) return absl::InvalidArgumentError("KV cache needs blocks > 0");
-    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) return status;
     DropGraphs();
     num_blocks_ = num_blocks;
     block_size_ = block_size;
@@ -219,7 +243,7 @@ class CudaModelRunner final : public ModelRunner {
   // rows), 4. replay the graph or enqueue the step, 5. download the tokens.
   absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
     if (k_cache_.get() == nullptr) return absl::FailedPreconditionError("KV cache not initialised");
-    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) return status;
     const int64_t B = static_cast<int64_t>(batch.size());
     if (B == 0) {
       out->greedy.clear();
@@ -344,7 +368,7 @@ class CudaModelRunner final : public ModelRunner {
                          float* hidden) override {
     if (first < 0 || n < 0 || first + n > c_.layers) return absl::InvalidArgumentError("layer range out of bounds");
     if (n == 0 || B * S == 0) return absl::OkStatus();
-    if (absl::Status status = Cuda(cudaSetDevice(o_.device), "cudaSetDevice"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaSetDevice(device_), "cudaSetDevice"); !status.ok()) return status;
     const int64_t T = B * S, D = c_.hidden;
     for (int64_t i = 0; i < T; ++i) {
       if (positions[i] < 0 || positions[i] >= table_rows_) {
@@ -425,21 +449,34 @@ class CudaModelRunner final : public ModelRunner {
   }
 
   // Concatenates the named tensors (rows of row-major matrices) in dt_ and uploads them.
-  absl::Status Upload(const ModelWeights& w, const std::vector<std::string>& names, DeviceBuffer* out) {
+  // A block of a 2-D weight: rows [row, row + rows) x columns [col, col + cols);
+  // rows < 0 is the whole tensor.
+  struct Part {
+    std::string name;
+    int64_t row = 0, rows = -1, col = 0, cols = 0;
+    Part(const char* n) : name(n) {}             // NOLINT: a whole tensor by its name
+    Part(std::string n) : name(std::move(n)) {}  // NOLINT: likewise
+    Part(std::string n, int64_t r, int64_t nr, int64_t c, int64_t nc)
+        : name(std::move(n)), row(r), rows(nr), col(c), cols(nc) {}
+  };
+  absl::Status Upload(const ModelWeights& w, const std::vector<Part>& parts, DeviceBuffer* out) {
     std::vector<uint8_t> bytes;
-    for (const std::string& n : names) {
-      const WeightTensor& t = w.Get(n);
-      if (!t.is_float) return absl::InvalidArgumentError(absl::StrCat(n, ": not a float tensor"));
+    for (const Part& part : parts) {
+      const WeightTensor& t = w.Get(part.name);
+      if (!t.is_float) return absl::InvalidArgumentError(absl::StrCat(part.name, ": not a float tensor"));
+      const bool whole = part.rows < 0 || (t.shape.size() == 2 && part.row == 0 && part.rows == t.shape[0] &&
+                                           part.col == 0 && part.cols == t.shape[1]);
       const size_t at = bytes.size();
-      bytes.resize(at + static_cast<size_t>(t.numel()) * es_);
-      if (t.dtype == dt_) {
+      if (whole && t.dtype == dt_) {
+        bytes.resize(at + static_cast<size_t>(t.numel()) * es_);
         std::memcpy(bytes.data() + at, t.data, t.bytes);
       } else {
-        const std::vector<float> f = t.ToFloat();
+        const std::vector<float> f = whole ? t.ToFloat() : t.ToFloatBlock(part.row, part.rows, part.col, part.cols);
+        bytes.resize(at + f.size() * es_);
         ConvertFromFloat(f.data(), static_cast<int64_t>(f.size()), bytes.data() + at);
       }
     }
-    if (absl::Status status = CudaToAbsl(out->Allocate(bytes.size()), names[0]); !status.ok()) return status;
+    if (absl::Status status = CudaToAbsl(out->Allocate(bytes.size()), parts[0].name); !status.ok()) return status;
     return Cuda(cudaMemcpy(out->get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "weight upload");
   }
 
@@ -512,6 +549,7 @@ class CudaModelRunner final : public ModelRunner {
   // Copies out the greedy tokens and the logits rows that are wanted, then
   // waits for the step.
   absl::Status Download(const std::vector<SeqForward>& batch, ForwardOutput* out) {
+    if (shard_.rank != 0) return Cuda(cudaStreamSynchronize(stream_), "forward step");
     const int64_t B = static_cast<int64_t>(batch.size()), V = c_.vocab;
     if (absl::Status status = Cuda(cudaMemcpyAsync(hgreedy_.as<int32_t>(), greedy_.get(), B * sizeof(int32_t),
                                                    cudaMemcpyDeviceToHost, stream_),
@@ -577,6 +615,13 @@ class CudaModelRunner final : public ModelRunner {
     return CudaToAbsl(LaunchLinearConfig(a, Tuned(k, M), stream_), "linear");
   }
 
+  // The row-parallel projections' partial sums over the ranks (none unsharded).
+  absl::Status AllReduce(void* data, int64_t count) {
+    if (group_ == nullptr) return absl::OkStatus();
+    return CudaToAbsl(group_->AllReduceSum(shard_.rank, data, static_cast<size_t>(count), dt_, stream_),
+                      "tensor-parallel all-reduce");
+  }
+
   absl::Status Norm(cuda::NormKind kind, const void* x, const void* residual, const void* weight, int64_t rows, void* y,
                     void* residual_out) {
     cuda::NormParams p;
@@ -604,6 +649,7 @@ class CudaModelRunner final : public ModelRunner {
         !status.ok())
       return status;
     if (absl::Status status = EnqueueLayers(st, 0, c_.layers); !status.ok()) return status;
+    if (shard_.rank != 0) return absl::OkStatus();  // rank 0 alone runs the (replicated) LM head
     // h holds final_norm(x); the LM head runs on each sequence's last row.
     if (absl::Status status = CudaToAbsl(
             cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
@@ -653,6 +699,7 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
       if (absl::Status status = Linear(ModelKernel::kOProj, ao_.get(), L.wo.get(), T, qd, D, tmp_.get()); !status.ok())
         return status;
+      if (absl::Status status = AllReduce(tmp_.get(), T * D); !status.ok()) return status;
       if (absl::Status status = Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), L.mlp_norm.get(), T, h_.get(),
                                      x_[1 - cur].get());
           !status.ok())
@@ -666,6 +713,7 @@ class CudaModelRunner final : public ModelRunner {
         return status;
       if (absl::Status status = Linear(ModelKernel::kDown, act_.get(), L.down.get(), T, I, D, tmp_.get()); !status.ok())
         return status;
+      if (absl::Status status = AllReduce(tmp_.get(), T * D); !status.ok()) return status;
       // Next layer's input norm fused with the residual add (the final norm
       // after the last layer; outside Forward only the new residual is kept).
       const void* next_w = l + 1 < end ? layers_[l + 1].attn_norm.get() : final_norm_.get();
@@ -777,7 +825,9 @@ class CudaModelRunner final : public ModelRunner {
                                              static_cast<int>(max_bt_width_ * block_size_), sm_count_);
       Graph tuned;
       if (absl::Status status = CaptureStep(st, &tuned); !status.ok()) return status;
-      if (!o_.compare_decode_graphs || !UsesTunedConfigs(b)) {
+      // Ranks time nothing: each would pick alone, and a rank that errs in
+      // between would leave the others waiting in a collective.
+      if (!o_.compare_decode_graphs || group_ != nullptr || !UsesTunedConfigs(b)) {
         made[b] = tuned;
         continue;
       }
@@ -875,8 +925,21 @@ class CudaModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
+  // This rank's part of the model: c_ has the shard's q/kv heads and
+  // intermediate size (the whole model's unsharded); full_ is the model's.
+  static ModelConfig ShardConfig(ModelConfig c, const TensorShard& shard) {
+    c.q_heads = shard.q_heads;
+    c.kv_heads = shard.kv_heads;
+    c.intermediate = shard.inter;
+    return c;
+  }
+
   const ModelConfig c_;
+  const ModelConfig full_;
   const CudaModelRunnerOptions o_;
+  const TensorShard shard_;
+  const cuda::NcclGroup* const group_;  // null: unsharded
+  const int device_;
   DType dt_ = DType::kBF16;
   size_t es_ = 2;
   int sm_count_ = 0;
@@ -911,13 +974,24 @@ class CudaModelRunner final : public ModelRunner {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaRankRunner(const ModelWeights& weights,
+                                                                const CudaModelRunnerOptions& options,
+                                                                const TensorShard& shard, const cuda::NcclGroup* group,
+                                                                int device) {
+  auto runner = std::make_unique<CudaModelRunner>(weights.config(), options, shard, group, device);
+  if (absl::Status s = runner->Init(weights); !s.ok()) return s;
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,
                                                                  const CudaModelRunnerOptions& options) {
   if (weights == nullptr) return absl::InvalidArgumentError("no weights");
   if (absl::Status s = weights->config().Validate(); !s.ok()) return s;
-  auto runner = std::make_unique<CudaModelRunner>(weights->config(), options);
-  if (absl::Status s = runner->Init(*weights); !s.ok()) return s;
-  return std::unique_ptr<ModelRunner>(std::move(runner));
+  if (options.tensor_parallel != 1 || options.force_tensor_parallel_path)
+    return MakeCudaTensorParallelRunner(std::move(weights), options);
+  absl::StatusOr<TensorShard> whole = ShardOf(weights->config(), 0, 1);
+  if (!whole.ok()) return whole.status();
+  return MakeCudaRankRunner(*weights, options, *whole, nullptr, options.device);
 }
 
 std::string CudaDecodeGraphReport(const ModelRunner& runner) {

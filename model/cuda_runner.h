@@ -38,6 +38,16 @@ struct CudaModelRunnerOptions {
   // graphs are captured; larger steps look theirs up when they come.
   // Empty: every kernel's built-in rule.
   ConfigLookup tuned;
+  // Tensor parallelism: the model split Megatron-style (model/
+  // tensor_parallel.h) over this many GPUs, devices device .. device + N - 1,
+  // each rank with its own thread and stream, one NCCL all-reduce after
+  // o_proj and one after down_proj per layer (captured in the decode graphs
+  // too). Embeddings and the LM head are replicated; rank 0 alone runs the
+  // LM head. Needs NCCL at run time (kernels/cuda/nccl_group.h).
+  int tensor_parallel = 1;
+  // Take that path (NCCL group, rank thread, all-reduces) with one GPU too:
+  // how a single-GPU host checks it.
+  bool force_tensor_parallel_path = false;
 };
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaModelRunner(std::unique_ptr<ModelWeights> weights,

@@ -126,6 +126,9 @@ ABSL_FLAG(int64_t, max_block_tokens, 8192,
           "of --prefill_chunk_tokens rows between decode steps");
 ABSL_FLAG(int64_t, max_seq_len, 0, "Longest sequence (prompt + generated); 0 = the model's, capped at 8192");
 ABSL_FLAG(int, model_threads, 0, "Threads of the CPU model runner's GEMMs; 0 = CPU cores");
+ABSL_FLAG(int, tensor_parallel, 1,
+          "GPUs the model is split over (Megatron tensor parallelism over NCCL): --cuda_device and the next N-1. "
+          "On the CPU backend the model is held and run as N shards in turn (a check of the sharding, not faster)");
 ABSL_FLAG(bool, batching, true,
           "Merge compatible FusedOp requests into one launch (dynamic batcher); false runs each request alone");
 ABSL_FLAG(int64_t, batch_max_rows, 2048, "Batcher: rows (tokens) per merged launch");
@@ -358,8 +361,12 @@ absl::StatusOr<HostedModel> LoadHostedModel(Backend& backend, TuningService& tun
     o.max_tokens = absl::GetFlag(FLAGS_max_batched_tokens);
     o.max_seqs = absl::GetFlag(FLAGS_max_running);
     o.tuned = tuning.counted_lookup();
+    o.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
     runner = MakeCudaModelRunner(*std::move(weights), o);
     if (!runner.ok()) return runner.status();
+    if (o.tensor_parallel > 1)
+      LogInfo(absl::StrCat("tensor parallel: the model is split over GPUs ", o.device, "..",
+                           o.device + o.tensor_parallel - 1, " (NCCL)"));
     if (m.kv_cache_blocks <= 0) {
       absl::StatusOr<int64_t> blocks =
           CudaKvCacheBlocks(**runner, o.device, absl::GetFlag(FLAGS_kv_block_size),
@@ -369,7 +376,9 @@ absl::StatusOr<HostedModel> LoadHostedModel(Backend& backend, TuningService& tun
     }
   }
 #endif
-  if (backend.name() != "cuda") runner = MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads));
+  if (backend.name() != "cuda")
+    runner = MakeCpuModelRunner(*std::move(weights), absl::GetFlag(FLAGS_model_threads),
+                                absl::GetFlag(FLAGS_tensor_parallel));
   if (!runner.ok()) return runner.status();
   m.runner = *std::move(runner);
   return m;

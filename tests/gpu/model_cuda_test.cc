@@ -19,6 +19,7 @@
 
 #include "engine/sampler.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cuda/nccl_group.h"
 #include "kernels/dtype.h"
 #include "model/cuda_runner.h"
 #include "model/runner.h"
@@ -52,8 +53,10 @@ struct Pair {
   std::unique_ptr<ModelRunner> cpu, gpu;
 };
 
+// tensor_parallel > 0: the tensor-parallel path over that many GPUs (one
+// included: the path is forced).
 Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool graphs = true,
-              ConfigLookup tuned = nullptr, bool compare_decode_graphs = false) {
+              ConfigLookup tuned = nullptr, bool compare_decode_graphs = false, int tensor_parallel = 0) {
   Pair p;
   auto cpu = MakeCpuModelRunner(ModelWeights::Random(c, 7), 0);
   EXPECT_TRUE(cpu.ok()) << cpu.status();
@@ -64,6 +67,8 @@ Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool gra
   o.max_graph_batch = 8;
   o.tuned = std::move(tuned);
   o.compare_decode_graphs = compare_decode_graphs;
+  o.tensor_parallel = std::max(1, tensor_parallel);
+  o.force_tensor_parallel_path = tensor_parallel > 0;
   auto gpu = MakeCudaModelRunner(ModelWeights::Random(c, 7), o);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   if (!cpu.ok() || !gpu.ok()) return p;
@@ -93,6 +98,56 @@ struct Seq {
 };
 
 int Argmax(const float* x, int64_t n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+
+// `n` sequences: a prefill, then three decode steps (from the graphs), each
+// sequence's logits within tolerance of the CPU runner's, fed the CPU's greedy token.
+void ExpectDecodeMatchesCpu(const ModelConfig& c, Pair& p, int n) {
+  std::mt19937 rng(6);
+  std::vector<Seq> seqs(n);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (int t = 0; t < 5 + 7 * static_cast<int>(i); ++t) {
+      seqs[i].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+    }
+    for (int b = 0; b < 4; ++b) seqs[i].blocks.push_back(static_cast<int32_t>(4 * i + b));
+  }
+  for (int step = 0; step < 4; ++step) {
+    std::vector<SeqForward> batch;
+    for (const Seq& s : seqs) batch.push_back(s.Next());
+    std::vector<float> lc, lg;
+    ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
+    absl::Status st = p.gpu->ForwardLogits(batch, &lg);
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      EXPECT_LT(RelErrorNorm(lg.data() + b * c.vocab, lc.data() + b * c.vocab, c.vocab), Tolerance(c))
+          << "step " << step;
+      Seq& s = seqs[b];
+      s.cached = static_cast<int64_t>(s.tokens.size());
+      s.tokens.push_back(Argmax(lc.data() + b * c.vocab, c.vocab));
+    }
+  }
+}
+
+// TransformerBlock: two layers over 2 sequences of 33 rows, against the CPU runner.
+void ExpectLayersMatchCpu(const ModelConfig& c, Pair& p) {
+  const int64_t B = 2, S = 33, D = c.hidden;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(B * S * D);
+  for (float& v : x) v = nd(rng);
+  std::vector<int64_t> pos(B * S);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t s = 0; s < S; ++s) pos[b * S + s] = 10 * b + s;
+  }
+  const int64_t first = c.layers > 2 ? 1 : 0, n = std::min<int64_t>(2, c.layers);
+  std::vector<float> xc = x, xg = x;
+  ASSERT_TRUE(p.cpu->RunLayers(first, n, B, S, pos.data(), xc.data()).ok());
+  absl::Status st = p.gpu->RunLayers(first, n, B, S, pos.data(), xg.data());
+  ASSERT_TRUE(st.ok()) << st;
+  const double e = RelErrorNorm(xg.data(), xc.data(), B * S * D);
+  std::printf("[%s] TransformerBlock layers [%ld,%ld): rel err %.3e\n", c.name.c_str(), static_cast<long>(first),
+              static_cast<long>(first + n), e);
+  EXPECT_LT(e, Tolerance(c));
+}
 
 class ModelCudaTest : public ::testing::TestWithParam<int> {
  protected:
@@ -341,54 +396,39 @@ TEST_P(ModelCudaTest, DecodeGraphsComparedInContext) {
   const std::string report = CudaDecodeGraphReport(*p.gpu);
   std::printf("[%s] decode graphs kept: %s\n", c.name.c_str(), report.c_str());
   for (const char* b : {"B=1 ", "B=2 ", "B=4 ", "B=8 "}) EXPECT_NE(report.find(b), std::string::npos) << report;
-  std::mt19937 rng(6);
-  std::vector<Seq> seqs(2);
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    for (int t = 0; t < 5 + 7 * static_cast<int>(i); ++t) {
-      seqs[i].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
-    }
-    for (int b = 0; b < 4; ++b) seqs[i].blocks.push_back(static_cast<int32_t>(4 * i + b));
-  }
-  for (int step = 0; step < 4; ++step) {  // a prefill, then decode steps from the kept graphs
-    std::vector<SeqForward> batch;
-    for (const Seq& s : seqs) batch.push_back(s.Next());
-    std::vector<float> lc, lg;
-    ASSERT_TRUE(p.cpu->ForwardLogits(batch, &lc).ok());
-    ASSERT_TRUE(p.gpu->ForwardLogits(batch, &lg).ok());
-    for (size_t b = 0; b < seqs.size(); ++b) {
-      EXPECT_LT(RelErrorNorm(lg.data() + b * c.vocab, lc.data() + b * c.vocab, c.vocab), Tolerance(c))
-          << "step " << step;
-      Seq& s = seqs[b];
-      s.cached = static_cast<int64_t>(s.tokens.size());
-      s.tokens.push_back(Argmax(lc.data() + b * c.vocab, c.vocab));
-    }
-  }
+  ExpectDecodeMatchesCpu(c, p, 2);
 }
 
 TEST_P(ModelCudaTest, TransformerBlockLayers) {
   const ModelConfig c = Config();
   Pair p = MakePair(c, 8, 16, /*graphs=*/false);
   ASSERT_TRUE(p.gpu != nullptr);
-  const int64_t B = 2, S = 33, D = c.hidden;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(B * S * D);
-  for (float& v : x) v = nd(rng);
-  std::vector<int64_t> pos(B * S);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t s = 0; s < S; ++s) pos[b * S + s] = 10 * b + s;
-  }
-  const int64_t first = c.layers > 2 ? 1 : 0, n = std::min<int64_t>(2, c.layers);
-  std::vector<float> xc = x, xg = x;
-  ASSERT_TRUE(p.cpu->RunLayers(first, n, B, S, pos.data(), xc.data()).ok());
-  absl::Status st = p.gpu->RunLayers(first, n, B, S, pos.data(), xg.data());
-  ASSERT_TRUE(st.ok()) << st;
-  const double e = RelErrorNorm(xg.data(), xc.data(), B * S * D);
-  std::printf("[%s] TransformerBlock layers [%ld,%ld): rel err %.3e\n", c.name.c_str(), static_cast<long>(first),
-              static_cast<long>(first + n), e);
-  EXPECT_LT(e, Tolerance(c));
+  ExpectLayersMatchCpu(c, p);
 }
 
+// The tensor-parallel path (NCCL group, rank threads, the all-reduces inside
+// the decode graphs) over the most visible GPUs the model splits over (one
+// on a single-GPU host): prefill, decode and TransformerBlock layers against
+// the CPU runner.
+TEST_P(ModelCudaTest, TensorParallelMatchesCpu) {
+  std::string why;
+  if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
+  const ModelConfig c = Config();
+  int gpus = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+  int n = 1;
+  for (int k = gpus; k > 1; --k) {
+    if (c.kv_heads % k == 0 && c.intermediate % k == 0) {
+      n = k;
+      break;
+    }
+  }
+  std::printf("[%s] tensor parallel over %d GPU(s)\n", c.name.c_str(), n);
+  Pair p = MakePair(c, 64, 16, /*graphs=*/true, nullptr, false, n);
+  ASSERT_TRUE(p.gpu != nullptr);
+  ExpectDecodeMatchesCpu(c, p, 3);
+  ExpectLayersMatchCpu(c, p);
+}
 INSTANTIATE_TEST_SUITE_P(Configs, ModelCudaTest, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::string(i.param == 0 ? "tiny" : i.param == 1 ? "mid_d64" : "mid_d128");

@@ -151,6 +151,32 @@ TEST_F(GenerateTest, EightConcurrentStreamsComplete) {
   }
 }
 
+// --tensor_parallel=2: the CPU backend holds and runs the model as two
+// Megatron shards; greedy tokens equal the unsharded server's (GenerateTest's
+// server, same --seed).
+TEST_F(GenerateTest, TensorParallelServerGeneratesTheSameTokens) {
+  std::unique_ptr<ServerProcess> tp = ServerProcess::Start({"--seed=11", "--tensor_parallel=2"});
+  ASSERT_NE(tp, nullptr);
+  for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{1, 2, 3, 4, 5}, std::vector<int32_t>{70, 9, 33}}) {
+    const v1::GenerateRequest req = MakeRequest(prompt, 24);
+    const StreamResult a = Generate(server_, req), b = Generate(tp.get(), req);
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(b.tokens.size(), 24u);
+  }
+}
+
+// A split the model does not allow (its kv heads do not divide by 3) stops
+// the server at start with the flag named.
+TEST(TensorParallelFlagTest, BadSplitIsRefusedAtStart) {
+  std::unique_ptr<ServerProcess> p = ServerProcess::Spawn({"--seed=11", "--tensor_parallel=3"});
+  const int code = p->WaitExit(60);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, -1) << "still running";
+  EXPECT_NE(p->Log().find("--tensor_parallel=3"), std::string::npos) << p->Log();
+}
+
 TEST_F(GenerateTest, RejectsBadRequests) {
   StreamResult r = Generate(server_, MakeRequest({}, 4));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

@@ -15,6 +15,9 @@
 //   1b. prefill steps of the 1B model: B = 1, 4 prompts of 512 and 2048 tokens.
 // FS_BENCH=decode|prefill|engine|8b|gemm: that section only.
 // FS_TUNE=1: runners on tuned configs (the model's envelope tuned first).
+// FS_TP=N: runners split over N GPUs (tensor parallelism over NCCL; N=1
+// takes that path on one GPU: what the rank thread and a one-rank
+// all-reduce cost).
 // FS_PROFILE=1: only one warm 1B decode step at B=1 and B=16 (ctx 2048)
 // between cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
 #include <cuda_profiler_api.h>
@@ -90,6 +93,10 @@ std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens
   o.max_seqs = 64;
   o.max_graph_batch = 64;
   if (Tuned()) o.tuned = TuneModel(c, max_tokens, o.max_seqs);
+  if (const char* tp = std::getenv("FS_TP")) {
+    o.tensor_parallel = std::max(1, std::atoi(tp));
+    o.force_tensor_parallel_path = true;
+  }
   absl::StatusOr<std::unique_ptr<ModelRunner>> made = MakeCudaModelRunner(ModelWeights::Random(c, 1), o);
   if (!made.ok()) {
     std::printf("runner: %s\n", std::string(made.status().message()).c_str());

@@ -2,7 +2,8 @@
 # fusedserve container image, built in two stages:
 #   builder  CUDA devel image: the project's dependency script, then a release
 #            build of the fusedserve binary (deploy/build-release.sh)
-#   runtime  CUDA runtime image (cudart, cuBLAS/cuBLASLt) plus only the shared
+#   runtime  CUDA runtime image (cudart, cuBLAS/cuBLASLt, NCCL for
+#            --tensor_parallel, loaded at run time) plus only the shared
 #            libraries the binary loads (deploy/install-runtime-deps.sh, checked
 #            against the real binary by deploy/check-runtime-deps.sh)
 # Every step is a script in deploy/ that CI runs on its own; only the base

@@ -925,17 +925,8 @@ class CudaModelRunner final : public ModelRunner {
     return absl::OkStatus();
   }
 
-  // This rank's part of the model: c_ has the shard's q/kv heads and
-  // intermediate size (the whole model's unsharded); full_ is the model's.
-  static ModelConfig ShardConfig(ModelConfig c, const TensorShard& shard) {
-    c.q_heads = shard.q_heads;
-    c.kv_heads = shard.kv_heads;
-    c.intermediate = shard.inter;
-    return c;
-  }
-
-  const ModelConfig c_;
-  const ModelConfig full_;
+  const ModelConfig c_;     // this rank's shapes (ShardConfig; the model's when unsharded)
+  const ModelConfig full_;  // the model's
   const CudaModelRunnerOptions o_;
   const TensorShard shard_;
   const cuda::NcclGroup* const group_;  // null: unsharded

@@ -35,4 +35,11 @@ absl::StatusOr<TensorShard> ShardOf(const ModelConfig& c, int rank, int size) {
   return s;
 }
 
+ModelConfig ShardConfig(ModelConfig config, const TensorShard& shard) {
+  config.q_heads = shard.q_heads;
+  config.kv_heads = shard.kv_heads;
+  config.intermediate = shard.inter;
+  return config;
+}
+
 }  // namespace fusedserve

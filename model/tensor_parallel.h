@@ -32,4 +32,8 @@ struct TensorShard {
 // must divide by size (q heads then do, as a multiple of kv heads).
 absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config, int rank, int size);
 
+// The model as one rank sees it: the shard's q/kv heads and intermediate
+// size (hidden, vocab and the rest unchanged): its kernels' shapes.
+ModelConfig ShardConfig(ModelConfig config, const TensorShard& shard);
+
 }  // namespace fusedserve

@@ -32,6 +32,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "model/kernel_shapes.h"
+#include "model/tensor_parallel.h"
 #include "server/batcher.h"
 #include "server/lifecycle.h"
 #include "server/model_rpc.h"
@@ -182,7 +183,12 @@ WarmupOptions WarmupOptionsFromFlags() {
   WarmupOptions o;
   if (std::optional<ModelConfig> m = HostedModelConfig()) {
     o.dtype = m->dtype;
-    o.model_entries = ModelEnvelope(*m, absl::GetFlag(FLAGS_max_batched_tokens), absl::GetFlag(FLAGS_max_running));
+    // Split over GPUs, a rank's kernels see its shard's shapes.
+    const int tp = absl::GetFlag(FLAGS_tensor_parallel);
+    absl::StatusOr<TensorShard> shard = ShardOf(*m, 0, tp);
+    const ModelConfig per_rank = shard.ok() ? ShardConfig(*m, *shard) : *m;
+    o.model_entries =
+        ModelEnvelope(per_rank, absl::GetFlag(FLAGS_max_batched_tokens), absl::GetFlag(FLAGS_max_running));
     o.model_shapes.push_back({m->hidden, m->intermediate, m->q_heads, m->kv_heads, m->head_dim, m->vocab});
   }
   o.cache_path = absl::GetFlag(FLAGS_tuning_cache);

@@ -256,11 +256,11 @@ def check_pod_security(label: str, what: str, pod: dict, container: dict) -> Non
     R.check(not missing, f"{label}: {what} mounts only declared volumes", str(missing))
 
 
-def check_gpu(label: str, what: str, container: dict) -> None:
+def check_gpu(label: str, what: str, container: dict, gpus: str = "1") -> None:
     limits = get(container, "resources.limits") or {}
     requests = get(container, "resources.requests") or {}
     gpu = limits.get("nvidia.com/gpu")
-    R.check(str(gpu) == "1", f"{label}: {what} limits nvidia.com/gpu: 1", f"got {gpu!r}")
+    R.check(str(gpu) == gpus, f"{label}: {what} limits nvidia.com/gpu: {gpus}", f"got {gpu!r}")
     if "nvidia.com/gpu" in requests:
         R.check(str(requests["nvidia.com/gpu"]) == str(gpu), f"{label}: {what} GPU request equals its limit")
     R.check("memory" in limits and "memory" in requests and "cpu" in requests,
@@ -321,7 +321,15 @@ def semantic_checks(label: str, docs: List[dict], flags_known: set, adapter_name
     R.check(tgps >= pre + grace, f"{label}: terminationGracePeriodSeconds >= preStop + --shutdown_grace_seconds",
             f"{tgps} < {pre} + {grace}")
 
-    check_gpu(label, "server", c)
+    # one GPU per tensor-parallel rank; a split pod needs more than the
+    # runtime's 64 MiB /dev/shm for NCCL
+    tp = flags.get("tensor_parallel", "1")
+    check_gpu(label, "server", c, tp)
+    if tp != "1":
+        shm = mount_for(pod, c, "/dev/shm")
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        R.check(shm is not None and get(vols.get(shm["name"], {}), "emptyDir.medium") == "Memory",
+                f"{label}: --tensor_parallel={tp} pod mounts a memory-backed /dev/shm for NCCL")
     check_pod_security(label, "server", pod, c)
 
     # volumes: tuning cache on a shared RWX PVC, model mounted
@@ -382,7 +390,7 @@ def semantic_checks(label: str, docs: List[dict], flags_known: set, adapter_name
         R.check(not (set(jflags) - flags_known), f"{label}: tune Job flags exist in server/*.cc",
                 str(sorted(set(jflags) - flags_known)))
         R.check(jc.get("image") == c.get("image"), f"{label}: tune Job uses the server image")
-        for f in ("tuning_cache", "model", "model_preset", "envelope", "device"):
+        for f in ("tuning_cache", "model", "model_preset", "envelope", "device", "tensor_parallel"):
             R.check(jflags.get(f) == flags.get(f), f"{label}: tune Job --{f} matches the server",
                     f"{jflags.get(f)!r} vs {flags.get(f)!r}")
         jcache = mount_for(jpod, jc, jflags.get("tuning_cache", ""))

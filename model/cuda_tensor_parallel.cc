@@ -7,11 +7,8 @@
 // batch; only rank 0 runs the LM head and reports tokens and logits.
 #ifdef FUSEDSERVE_HAVE_CUDA
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,81 +16,19 @@
 #include "absl/strings/str_join.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "model/cuda_rank.h"
+#include "model/rank_threads.h"
 
 namespace fusedserve {
 namespace {
-
-// Runs fn(rank) for ranks 0..n-1 at once: rank 0 on the calling thread, the
-// others on threads kept for the purpose. One call at a time (the engine's).
-class RankThreads {
- public:
-  explicit RankThreads(int ranks) : results_(ranks) {
-    for (int r = 1; r < ranks; ++r) threads_.emplace_back([this, r] { Loop(r); });
-  }
-  ~RankThreads() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    start_.notify_all();
-    for (std::thread& t : threads_) t.join();
-  }
-
-  // The first rank's error, in rank order.
-  absl::Status Run(const std::function<absl::Status(int)>& fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      pending_ = static_cast<int>(threads_.size());
-      ++generation_;
-    }
-    start_.notify_all();
-    results_[0] = fn(0);
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      done_.wait(lock, [&] { return pending_ == 0; });
-      fn_ = nullptr;
-    }
-    for (absl::Status& s : results_) {
-      if (!s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  void Loop(int rank) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<absl::Status(int)>* fn = nullptr;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        fn = fn_;
-      }
-      absl::Status s = (*fn)(rank);
-      std::lock_guard<std::mutex> lock(mu_);
-      results_[rank] = std::move(s);
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable start_, done_;
-  const std::function<absl::Status(int)>* fn_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
-  std::vector<absl::Status> results_;
-  std::vector<std::thread> threads_;
-};
 
 class CudaTensorParallelRunner final : public ModelRunner {
  public:
   CudaTensorParallelRunner(const ModelConfig& c, std::unique_ptr<cuda::NcclGroup> group,
                            std::vector<std::unique_ptr<ModelRunner>> ranks)
-      : c_(c), group_(std::move(group)), ranks_(std::move(ranks)), threads_(static_cast<int>(ranks_.size())) {}
+      : c_(c),
+        group_(std::move(group)),
+        ranks_(std::move(ranks)),
+        threads_(static_cast<int>(ranks_.size()), RankThreads::kStragglerWait, [this] { group_->Abort(); }) {}
 
   const ModelConfig& config() const override { return c_; }
   std::string device() const override { return "cuda"; }
@@ -101,19 +36,19 @@ class CudaTensorParallelRunner final : public ModelRunner {
   int64_t KvBytesPerBlock(int64_t block_size) const override { return ranks_[0]->KvBytesPerBlock(block_size); }
 
   absl::Status InitKvCache(int64_t num_blocks, int64_t block_size) override {
-    return threads_.Run([&](int r) { return ranks_[r]->InitKvCache(num_blocks, block_size); });
+    return OnEveryRank([&](int r) { return ranks_[r]->InitKvCache(num_blocks, block_size); });
   }
 
   absl::Status Forward(const std::vector<SeqForward>& batch, ForwardOutput* out) override {
     std::vector<ForwardOutput> others(ranks_.size());
-    return threads_.Run([&](int r) { return ranks_[r]->Forward(batch, r == 0 ? out : &others[r]); });
+    return OnEveryRank([&](int r) { return ranks_[r]->Forward(batch, r == 0 ? out : &others[r]); });
   }
 
   // hidden is in place: ranks other than 0 work on copies.
   absl::Status RunLayers(int64_t first, int64_t n, int64_t B, int64_t S, const int64_t* positions,
                          float* hidden) override {
     std::vector<std::vector<float>> copies = Copies(hidden, B * S);
-    return threads_.Run(
+    return OnEveryRank(
         [&](int r) { return ranks_[r]->RunLayers(first, n, B, S, positions, r == 0 ? hidden : copies[r].data()); });
   }
 
@@ -123,12 +58,23 @@ class CudaTensorParallelRunner final : public ModelRunner {
     int64_t T = 0;
     for (const SeqForward& s : batch) T += s.num_tokens;
     std::vector<std::vector<float>> copies = Copies(hidden, T);
-    return threads_.Run([&](int r) {
+    return OnEveryRank([&](int r) {
       return ranks_[r]->RunLayersChunked(first, n, batch, positions, r == 0 ? hidden : copies[r].data());
     });
   }
 
  private:
+  // Once the group was aborted (RankThreads) the ranks' states may differ and
+  // every later call fails with the first error: only a restart mends that
+  // (the server reports it; Kubernetes restarts the pod).
+  absl::Status OnEveryRank(const std::function<absl::Status(int)>& fn) {
+    if (!failed_.ok()) return failed_;
+    absl::Status s = threads_.Run(fn);
+    if (threads_.aborted())
+      failed_ = absl::UnavailableError(absl::StrCat("tensor-parallel group stopped: ", s.message()));
+    return s;
+  }
+
   std::vector<std::vector<float>> Copies(const float* hidden, int64_t rows) const {
     std::vector<std::vector<float>> copies(ranks_.size());
     for (size_t r = 1; r < ranks_.size(); ++r) copies[r].assign(hidden, hidden + rows * c_.hidden);
@@ -141,6 +87,7 @@ class CudaTensorParallelRunner final : public ModelRunner {
   std::unique_ptr<cuda::NcclGroup> group_;
   std::vector<std::unique_ptr<ModelRunner>> ranks_;
   RankThreads threads_;
+  absl::Status failed_;
 };
 
 }  // namespace
@@ -164,7 +111,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> MakeCudaTensorParallelRunner(std::u
   // Ranks load their shards at once, each on its own thread and GPU.
   std::vector<std::unique_ptr<ModelRunner>> ranks(n);
   {
-    RankThreads loaders(n);
+    RankThreads loaders(n, RankThreads::kStragglerWait, nullptr);  // loading has no collectives
     absl::Status loaded = loaders.Run([&](int r) -> absl::Status {
       absl::StatusOr<std::unique_ptr<ModelRunner>> rank =
           MakeCudaRankRunner(*weights, options, shards[r], group.get(), devices[r]);

@@ -20,6 +20,7 @@ struct NcclApi {
   decltype(&ncclGetVersion) get_version = nullptr;
   decltype(&ncclCommInitAll) comm_init_all = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
@@ -46,6 +47,7 @@ const NcclApi& LoadApi() {
     resolve(&a->get_version, "ncclGetVersion");
     resolve(&a->comm_init_all, "ncclCommInitAll");
     resolve(&a->comm_destroy, "ncclCommDestroy");
+    resolve(&a->comm_abort, "ncclCommAbort");
     resolve(&a->all_reduce, "ncclAllReduce");
     resolve(&a->group_start, "ncclGroupStart");
     resolve(&a->group_end, "ncclGroupEnd");
@@ -119,7 +121,14 @@ NcclGroup::~NcclGroup() {
   for (void* c : comms_) api_->comm_destroy(static_cast<ncclComm_t>(c));
 }
 
+void NcclGroup::Abort() {
+  std::vector<void*> comms;
+  comms.swap(comms_);
+  for (void* c : comms) api_->comm_abort(static_cast<ncclComm_t>(c));
+}
+
 CudaStatus NcclGroup::AllReduceSum(int rank, void* data, size_t count, DType dtype, cudaStream_t stream) const {
+  if (comms_.empty()) return CudaStatus::Error("NCCL all-reduce: the group was aborted");
   if (rank < 0 || rank >= size()) return CudaStatus::Error("NCCL all-reduce: rank out of range");
   ncclDataType_t t;
   if (!ToNccl(dtype, &t)) return CudaStatus::Error("NCCL all-reduce: only float dtypes are summed");
@@ -149,6 +158,7 @@ NcclGroup::~NcclGroup() = default;
 CudaStatus NcclGroup::AllReduceSum(int, void*, size_t, DType, cudaStream_t) const { return CudaStatus::Error(kNoNccl); }
 CudaStatus NcclGroup::GroupStart() const { return CudaStatus::Error(kNoNccl); }
 CudaStatus NcclGroup::GroupEnd() const { return CudaStatus::Error(kNoNccl); }
+void NcclGroup::Abort() {}
 
 #endif
 

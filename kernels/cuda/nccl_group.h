@@ -44,12 +44,17 @@ class NcclGroup {
   // Brackets the collectives of several ranks issued from one thread.
   CudaStatus GroupStart() const;
   CudaStatus GroupEnd() const;
+  // Aborts every communicator (ncclCommAbort; safe from another thread while
+  // collectives are in flight): a rank that failed between collectives would
+  // otherwise leave the others waiting on the GPU for ever. The group is
+  // unusable afterwards.
+  void Abort();
 
  private:
   NcclGroup() = default;
   const NcclApi* api_ = nullptr;
   std::vector<int> devices_;
-  std::vector<void*> comms_;  // ncclComm_t per rank
+  std::vector<void*> comms_;  // ncclComm_t per rank; empty once aborted
   std::string version_;
 };
 

@@ -64,7 +64,7 @@ class CpuModelRunner final : public ModelRunner {
   CpuModelRunner(std::unique_ptr<ModelWeights> w, int threads, std::vector<TensorShard> shards)
       : c_(w->config()), threads_(threads), shards_(std::move(shards)) {
     inv_freq_ = c_.RopeInvFreq();
-    const int64_t D = c_.hidden, Dh = c_.head_dim;
+    const int64_t D = c_.hidden;
     final_norm_ = w->Get("model.norm.weight").ToFloat();
     const WeightTensor& embed = w->Get("model.embed_tokens.weight");
     const WeightTensor& lm_head = c_.tied_embeddings ? embed : w->Get("lm_head.weight");
@@ -78,22 +78,22 @@ class CpuModelRunner final : public ModelRunner {
       Layer& L = layers_[i];
       L.attn_norm = w->Get(p + "input_layernorm.weight").ToFloat();
       L.mlp_norm = w->Get(p + "post_attention_layernorm.weight").ToFloat();
-      auto append = [](std::vector<float>& to, const std::vector<float>& part) {
-        to.insert(to.end(), part.begin(), part.end());
+      auto block = [&](const WeightBlock& b) { return w->Get(b.name).ToFloatBlock(b.row, b.rows, b.col, b.cols); };
+      auto concat = [&](const std::vector<WeightBlock>& blocks) {
+        std::vector<float> out;
+        for (const WeightBlock& b : blocks) {
+          const std::vector<float> part = block(b);
+          out.insert(out.end(), part.begin(), part.end());
+        }
+        return out;
       };
       for (const TensorShard& r : shards_) {
+        const LayerBlocks b = LayerShardBlocks(c_, r, i);
         RankLayer R;
-        // Column-parallel, fused: qkv = [q; k; v] rows of its heads, gate_up = [gate; up] rows of its columns.
-        append(R.wqkv, w->Get(p + "self_attn.q_proj.weight").ToFloatBlock(r.q_head_begin * Dh, r.q_heads * Dh, 0, D));
-        for (const char* n : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
-          append(R.wqkv, w->Get(p + n).ToFloatBlock(r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D));
-        }
-        for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-          append(R.gate_up, w->Get(p + n).ToFloatBlock(r.inter_begin, r.inter, 0, D));
-        }
-        // Row-parallel: the input columns its heads / intermediate columns produce.
-        R.wo = w->Get(p + "self_attn.o_proj.weight").ToFloatBlock(0, D, r.q_head_begin * Dh, r.q_heads * Dh);
-        R.down = w->Get(p + "mlp.down_proj.weight").ToFloatBlock(0, D, r.inter_begin, r.inter);
+        R.wqkv = concat(b.qkv);
+        R.gate_up = concat(b.gate_up);
+        R.wo = block(b.o);
+        R.down = block(b.down);
         L.ranks.push_back(std::move(R));
       }
     }

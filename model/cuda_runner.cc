@@ -138,9 +138,6 @@ class CudaModelRunner final : public ModelRunner {
     }
     flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
 
-    // Every tensor of a rank is its shard, sliced while uploading (no full copy).
-    const int64_t D = c_.hidden, Dh = c_.head_dim;
-    const TensorShard& r = shard_;
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
     if (!c_.tied_embeddings)
@@ -153,28 +150,13 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Upload(w, {p + "input_layernorm.weight"}, &L.attn_norm); !status.ok()) return status;
       if (absl::Status status = Upload(w, {p + "post_attention_layernorm.weight"}, &L.mlp_norm); !status.ok())
         return status;
-      // Column-parallel (rows of the weight): q/k/v by heads, gate/up by
-      // intermediate columns; row-parallel (columns): o_proj, down_proj.
-      if (absl::Status status = Upload(w,
-                                       {{p + "self_attn.q_proj.weight", r.q_head_begin * Dh, r.q_heads * Dh, 0, D},
-                                        {p + "self_attn.k_proj.weight", r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D},
-                                        {p + "self_attn.v_proj.weight", r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D}},
-                                       &L.wqkv);
-          !status.ok())
+      // This rank's blocks (the whole matrices when unsharded).
+      const LayerBlocks b = LayerShardBlocks(full_, shard_, i);
+      if (absl::Status status = Upload(w, {b.qkv.begin(), b.qkv.end()}, &L.wqkv); !status.ok()) return status;
+      if (absl::Status status = Upload(w, {b.o}, &L.wo); !status.ok()) return status;
+      if (absl::Status status = Upload(w, {b.gate_up.begin(), b.gate_up.end()}, &L.gate_up); !status.ok())
         return status;
-      if (absl::Status status =
-              Upload(w, {{p + "self_attn.o_proj.weight", 0, D, r.q_head_begin * Dh, r.q_heads * Dh}}, &L.wo);
-          !status.ok())
-        return status;
-      if (absl::Status status = Upload(w,
-                                       {{p + "mlp.gate_proj.weight", r.inter_begin, r.inter, 0, D},
-                                        {p + "mlp.up_proj.weight", r.inter_begin, r.inter, 0, D}},
-                                       &L.gate_up);
-          !status.ok())
-        return status;
-      if (absl::Status status = Upload(w, {{p + "mlp.down_proj.weight", 0, D, r.inter_begin, r.inter}}, &L.down);
-          !status.ok())
-        return status;
+      if (absl::Status status = Upload(w, {b.down}, &L.down); !status.ok()) return status;
     }
 
     // cos/sin of pos * inv_freq (Llama-3.1 scaling included), fp64 on the host.
@@ -449,29 +431,30 @@ class CudaModelRunner final : public ModelRunner {
   }
 
   // Concatenates the named tensors (rows of row-major matrices) in dt_ and uploads them.
-  // A block of a 2-D weight: rows [row, row + rows) x columns [col, col + cols);
-  // rows < 0 is the whole tensor.
+  // A whole tensor, or a rank's block of a 2-D one (tensor_parallel.h),
+  // sliced while uploading: no GPU holds a full copy of a sharded weight.
   struct Part {
     std::string name;
-    int64_t row = 0, rows = -1, col = 0, cols = 0;
-    Part(const char* n) : name(n) {}             // NOLINT: a whole tensor by its name
-    Part(std::string n) : name(std::move(n)) {}  // NOLINT: likewise
-    Part(std::string n, int64_t r, int64_t nr, int64_t c, int64_t nc)
-        : name(std::move(n)), row(r), rows(nr), col(c), cols(nc) {}
+    bool whole = true;
+    WeightBlock block;
+    Part(const char* n) : name(n) {}                                      // NOLINT: a whole tensor by its name
+    Part(std::string n) : name(std::move(n)) {}                           // NOLINT: likewise
+    Part(const WeightBlock& b) : name(b.name), whole(false), block(b) {}  // NOLINT
   };
   absl::Status Upload(const ModelWeights& w, const std::vector<Part>& parts, DeviceBuffer* out) {
     std::vector<uint8_t> bytes;
     for (const Part& part : parts) {
       const WeightTensor& t = w.Get(part.name);
       if (!t.is_float) return absl::InvalidArgumentError(absl::StrCat(part.name, ": not a float tensor"));
-      const bool whole = part.rows < 0 || (t.shape.size() == 2 && part.row == 0 && part.rows == t.shape[0] &&
-                                           part.col == 0 && part.cols == t.shape[1]);
+      const WeightBlock& b = part.block;
+      const bool whole = part.whole || (t.shape.size() == 2 && b.row == 0 && b.rows == t.shape[0] && b.col == 0 &&
+                                        b.cols == t.shape[1]);
       const size_t at = bytes.size();
       if (whole && t.dtype == dt_) {
         bytes.resize(at + static_cast<size_t>(t.numel()) * es_);
         std::memcpy(bytes.data() + at, t.data, t.bytes);
       } else {
-        const std::vector<float> f = whole ? t.ToFloat() : t.ToFloatBlock(part.row, part.rows, part.col, part.cols);
+        const std::vector<float> f = whole ? t.ToFloat() : t.ToFloatBlock(b.row, b.rows, b.col, b.cols);
         bytes.resize(at + f.size() * es_);
         ConvertFromFloat(f.data(), static_cast<int64_t>(f.size()), bytes.data() + at);
       }

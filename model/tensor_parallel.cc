@@ -35,6 +35,20 @@ absl::StatusOr<TensorShard> ShardOf(const ModelConfig& c, int rank, int size) {
   return s;
 }
 
+LayerBlocks LayerShardBlocks(const ModelConfig& c, const TensorShard& r, int64_t layer) {
+  const std::string p = absl::StrCat("model.layers.", layer, ".");
+  const int64_t D = c.hidden, Dh = c.head_dim;
+  LayerBlocks b;
+  b.qkv = {{p + "self_attn.q_proj.weight", r.q_head_begin * Dh, r.q_heads * Dh, 0, D},
+           {p + "self_attn.k_proj.weight", r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D},
+           {p + "self_attn.v_proj.weight", r.kv_head_begin * Dh, r.kv_heads * Dh, 0, D}};
+  b.gate_up = {{p + "mlp.gate_proj.weight", r.inter_begin, r.inter, 0, D},
+               {p + "mlp.up_proj.weight", r.inter_begin, r.inter, 0, D}};
+  b.o = {p + "self_attn.o_proj.weight", 0, D, r.q_head_begin * Dh, r.q_heads * Dh};
+  b.down = {p + "mlp.down_proj.weight", 0, D, r.inter_begin, r.inter};
+  return b;
+}
+
 ModelConfig ShardConfig(ModelConfig config, const TensorShard& shard) {
   config.q_heads = shard.q_heads;
   config.kv_heads = shard.kv_heads;

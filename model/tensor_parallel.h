@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/config.h"
@@ -31,6 +33,22 @@ struct TensorShard {
 // the model does not split that way: kv heads and the intermediate size
 // must divide by size (q heads then do, as a multiple of kv heads).
 absl::StatusOr<TensorShard> ShardOf(const ModelConfig& config, int rank, int size);
+
+// Where a rank's part of a weight lies in the checkpoint's [out, in]
+// matrix: rows [row, row + rows) x columns [col, col + cols).
+struct WeightBlock {
+  std::string name;
+  int64_t row = 0, rows = 0, col = 0, cols = 0;
+};
+// A rank's blocks of layer `layer`, in the order the runners concatenate
+// them. Column-parallel (rows of its heads / intermediate columns): qkv =
+// [q; k; v], gate_up = [gate; up]. Row-parallel (the input columns those
+// produce): o_proj, down_proj.
+struct LayerBlocks {
+  std::vector<WeightBlock> qkv, gate_up;
+  WeightBlock o, down;
+};
+LayerBlocks LayerShardBlocks(const ModelConfig& config, const TensorShard& shard, int64_t layer);
 
 // The model as one rank sees it: the shard's q/kv heads and intermediate
 // size (hidden, vocab and the rest unchanged): its kernels' shapes.

@@ -24,6 +24,7 @@ enum class LinearPath : int {
   kGemm = 0,      // cuBLASLt (gemm.h)
   kGemv = 1,      // gemv.h; falls back to the default where GEMV cannot run
   kSkinny = 2,    // skinny_gemm.h (no epilogue); likewise
+  kHopper = 3,    // swiglu_mlp only: the fused wgmma gate GEMM (swiglu_hopper.h)
 };
 
 struct LinearConfig {
@@ -56,7 +57,8 @@ CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaSt
 // swiglu_mlp's path for its gate h = silu(x . gate^T) * (x . up^T)
 // (dispatch in swiglu_mlp_op.cc): "p0" a linear GEMM into gu = x . gate_up^T
 // then the SwiGLU kernel, "p1" the fused SwiGLU GEMV, "p2" the fused skinny
-// SwiGLU. The GEMMs (gate_up on p0, down always) run linear's tuned configs
+// SwiGLU, "p3" the fused Hopper GEMM (compute capability 9.0 only; the gate
+// and up tiles in one wgmma accumulator, only h written). The GEMMs (gate_up on p0, down always) run linear's tuned configs
 // for their own shapes.
 struct SwigluMlpConfig {
   LinearPath path = LinearPath::kDefault;  // kDefault: the built-in row rule

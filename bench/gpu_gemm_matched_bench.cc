@@ -11,7 +11,8 @@
 // swiglu_p0 / swiglu_p3 (swiglu_mlp M=4096 D=4096 I=14336 by the cuBLASLt
 // GEMM + SwiGLU pass, or the fused Hopper gate; both + the down GEMM),
 // gate_p0 / gate_p3 (the gate alone), gate_gemm (the gate_up GEMM alone),
-// gate_p3_gG (the fused gate walking tiles in groups of G row tiles), down,
+// gate_p3_cC_gG (the fused gate in clusters of C CTAs walking tiles in
+// groups of G row tiles), down,
 // ceiling (bf16 8192^3 plain cuBLASLt).
 // Usage: gpu_gemm_matched_bench burst|sustained CASE...
 //        gpu_gemm_matched_bench algos   (cuBLASLt's candidates, see Algos)
@@ -207,8 +208,11 @@ void RunCase(const std::string& name, bool sustained) {
         Check(cuda::LaunchLinear(g, cuda::LinearConfig{}, g_stream));
         return;
       }
-      if (name.rfind("gate_p3_g", 0) == 0) {  // the fused gate with a given tile group
-        Check(cuda::LaunchHopperSwiglu(DType::kBF16, kM, kD, kI, x[s], gu[s], h, g_stream, std::stoi(name.substr(9))));
+      if (name.rfind("gate_p3_c", 0) == 0) {  // the fused gate, variant gate_p3_c<cluster>_g<group>
+        cuda::HopperSwigluOptions o;
+        o.cluster = name[9] - '0';
+        o.group_m = std::stoi(name.substr(12));
+        Check(cuda::LaunchHopperSwiglu(DType::kBF16, kM, kD, kI, x[s], gu[s], h, g_stream, o));
         return;
       }
       if (name != "down") {

@@ -38,20 +38,33 @@ if [ "$mode" = validate ]; then
   timeout 170 python3 "$here/torch_matched_peer.py" "$bin/gpu_gemm_matched_bench" 2 > "$out/matched.txt" 2>&1
   echo "matched rc=$?"; grep -E "^\|" "$out/matched.txt"
 else
-  timeout 110 python3 "$here/torch_matched_peer.py" "$bin/gpu_gemm_matched_bench" 1 > "$out/matched.txt" 2>&1
-  echo "matched rc=$?"
-  for v in _base ""; do
-    echo "smi: $(smi)"
-    timeout 60 "$bin/gpu_compute_bench$v" "$out/compute$v.json" linear > "$out/compute_linear$v.txt" 2>&1
-    timeout 60 "$bin/gpu_compute_bench$v" "$out/compute$v.json" swiglu > "$out/compute_swiglu$v.txt" 2>&1
-    FS_BENCH=8b timeout 60 "$bin/gpu_model_bench$v" > "$out/model8b$v.txt" 2>&1
-    FS_BENCH=8b FS_TUNE=1 FS_TUNE_CACHE=/tmp/fs_tune$v.json timeout 90 "$bin/gpu_model_bench$v" \
-      > "$out/model8b_tuned$v.txt" 2>&1
+  t0=$(date +%s); el() { echo "[t+$(( $(date +%s) - t0 ))s]"; }
+  timeout 60 "$bin/swiglu_hopper_test" > "$out/swiglu_hopper_test.log" 2>&1
+  echo "swiglu_hopper_test rc=$? $(el)"; grep -cE "rel_err" "$out/swiglu_hopper_test.log"
+  grep -E "Failure|FAIL|OK \]|PASSED" "$out/swiglu_hopper_test.log" | head -12
+  timeout 70 "$bin/model_cuda_test" > "$out/model_cuda_test.log" 2>&1
+  echo "model_cuda_test rc=$? $(el)"; grep -E "FAIL|PASSED|SKIPPED \]" "$out/model_cuda_test.log" | head -12
+  v="gate_p0 gate_gemm gate_p3_c1_g8 gate_p3_c1_g16 gate_p3_c2_g4 gate_p3_c2_g8 gate_p3_c2_g16 gate_p3_c2_g0"
+  echo "smi: $(smi)"
+  timeout 40 "$bin/gpu_gemm_matched_bench" sustained $v > "$out/variants_sustained.txt" 2>&1
+  echo "variants sustained rc=$? $(el)"; cut -c1-140 "$out/variants_sustained.txt"
+  timeout 25 "$bin/gpu_gemm_matched_bench" burst $v > "$out/variants_burst.txt" 2>&1
+  echo "variants burst rc=$? $(el)"; cut -c1-140 "$out/variants_burst.txt"
+  echo "smi: $(smi)"
+  timeout 100 python3 "$here/torch_matched_peer.py" "$bin/gpu_gemm_matched_bench" 1 > "$out/matched.txt" 2>&1
+  echo "matched rc=$? $(el)"; grep -E "^\|" "$out/matched.txt"
+  timeout 45 "$bin/gpu_compute_bench" "$out/compute_swiglu.json" swiglu > "$out/compute_swiglu.txt" 2>&1
+  echo "compute swiglu rc=$? $(el)"; grep -hE "^\| (ceiling|swiglu)" "$out/compute_swiglu.txt" | cut -c1-200
+  timeout 45 "$bin/gpu_compute_bench_base" "$out/compute_swiglu_base.json" swiglu > "$out/compute_swiglu_base.txt" 2>&1
+  echo "compute swiglu base rc=$? $(el)"; grep -hE "^\| (ceiling|swiglu)" "$out/compute_swiglu_base.txt" | cut -c1-200
+  for b in "" _base; do
+    FS_BENCH=8b timeout 40 "$bin/gpu_model_bench$b" > "$out/model8b$b.txt" 2>&1
+    echo "model 8b$b rc=$? $(el)"; grep -E "prefill B=2|decode B=1" "$out/model8b$b.txt"
   done
-  for v in _base ""; do
-    echo "== gpu_compute_bench$v"; grep -hE "^\| (ceiling|linear|swiglu)" "$out/compute_linear$v.txt" "$out/compute_swiglu$v.txt" | cut -c1-200
-    echo "== gpu_model_bench$v 8b"; grep -E "prefill B=2|decode B=1" "$out/model8b$v.txt"
-    echo "== gpu_model_bench$v 8b tuned"; grep -E "prefill B=2|decode B=1" "$out/model8b_tuned$v.txt"
-  done
-  grep -E "^\|" "$out/matched.txt"
+  timeout 40 "$bin/gpu_compute_bench" "$out/compute_linear.json" linear > "$out/compute_linear.txt" 2>&1
+  echo "compute linear rc=$? $(el)"; grep -hE "^\| (ceiling|linear)" "$out/compute_linear.txt" | cut -c1-200
+  timeout 30 ncu --clock-control none --kernel-name regex:SwigluGate --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum \
+    "$bin/gpu_gemm_matched_bench" burst gate_p3 > "$out/ncu_gate.txt" 2>&1
+  echo "ncu rc=$? $(el)"; grep -E "Duration|Throughput|SM Frequency|hmma|lts__t_bytes" "$out/ncu_gate.txt" | head -14
 fi

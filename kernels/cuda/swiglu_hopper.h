@@ -24,10 +24,22 @@ namespace fusedserve::cuda {
 bool HopperSwigluSupported(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
                            const void* h);
 
+// Kernel variants. Measured on one H100 (gpu_gemm_matched_bench, M=4096
+// D=4096 I=14336 bf16, 2 s of sustained launches first): group_m 8/16 1.54
+// ms against 1.60 ms for one group; cluster 2 3.03 ms (tensor pipe 36%
+// active), cause not found yet, so it stays off.
+struct HopperSwigluOptions {
+  // The persistent walk covers groups of group_m row tiles (128 rows, or a
+  // cluster's 256), rows fastest inside a group; 0: all in one group.
+  int group_m = 16;
+  // 2: CTA pairs in a cluster share the weight tile through TMA multicast
+  // (each weight byte read from L2 once per pair; correct, but slow, see
+  // above); anything else: no clusters.
+  int cluster = 1;
+};
+
 // Runs the fused gate; an unsupported call is a clear Unsupported error.
-// group_m: the persistent walk covers groups of group_m 128-row tiles, rows
-// fastest (0: all row tiles in one group).
 CudaStatus LaunchHopperSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
-                              cudaStream_t stream, int group_m = 0);
+                              cudaStream_t stream, const HopperSwigluOptions& options = {});
 
 }  // namespace fusedserve::cuda

@@ -39,8 +39,8 @@ std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t
 
 namespace {
 
-LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
-                            void* h, const SwigluMlpConfig& c) {
+LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
+                            const SwigluMlpConfig& c) {
   const bool gemv_ok = cuda::GemvSupported(dt, M, D, x, gate_up);
   const bool skinny_ok = cuda::SkinnyGemmSupported(dt, M, I, D, x, gate_up);
   if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;

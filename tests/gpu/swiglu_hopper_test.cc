@@ -2,9 +2,10 @@
 // the CPU reference (cpu::Linear, then silu(gate) * up) on fresh random
 // bf16/fp16 data: row counts at the 64-row warpgroup and 128-row tile edges
 // (1, 63, 64, 65, 127, 4096 + odd), D not a multiple of the 64-wide k tile,
-// I not a multiple of the 128-wide column tile. Outputs are NaN-poisoned
-// first. Skipped without a GPU; the kernel needs compute capability 9.0 and
-// the test checks that it refuses other devices and unsupported shapes.
+// I not a multiple of the 128-wide column tile; the default kernel and the
+// 2-CTA cluster variant. Outputs are NaN-poisoned first. Skipped without a
+// GPU; the kernel needs compute capability 9.0 and the test checks that it
+// refuses other devices and unsupported shapes.
 #include "kernels/cuda/swiglu_hopper.h"
 
 #include <cuda_runtime.h>
@@ -48,7 +49,7 @@ void Fill(DType dt, size_t n, float scale, std::mt19937& rng, std::vector<uint16
   }
 }
 
-void Check(DType dt, int64_t M, int64_t D, int64_t I, std::mt19937& rng) {
+void Check(DType dt, int64_t M, int64_t D, int64_t I, std::mt19937& rng, const cuda::HopperSwigluOptions& o) {
   std::vector<uint16_t> xb, wb;
   std::vector<float> xf, wf;
   Fill(dt, M * D, 1.0f, rng, &xb, &xf);
@@ -58,7 +59,7 @@ void Check(DType dt, int64_t M, int64_t D, int64_t I, std::mt19937& rng) {
   ASSERT_EQ(cudaMemcpy(w.p, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(h.p, 0xff, M * I * 2), cudaSuccess);  // NaN poison
   ASSERT_TRUE(cuda::HopperSwigluSupported(dt, M, D, I, x.p, w.p, h.p));
-  const CudaStatus s = cuda::LaunchHopperSwiglu(dt, M, D, I, x.p, w.p, h.p, nullptr);
+  const CudaStatus s = cuda::LaunchHopperSwiglu(dt, M, D, I, x.p, w.p, h.p, nullptr, o);
   ASSERT_TRUE(s.ok()) << s.message;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint16_t> hb(M * I);
@@ -73,24 +74,32 @@ void Check(DType dt, int64_t M, int64_t D, int64_t I, std::mt19937& rng) {
     }
   }
   const double e = RelErrorNorm(got.data(), want.data(), got.size());
-  EXPECT_LT(e, dt == DType::kBF16 ? 8e-3 : 2e-3) << DTypeName(dt) << " M=" << M << " D=" << D << " I=" << I;
-  std::printf("swiglu_hopper %s M=%lld D=%lld I=%lld rel_err=%.2e\n", DTypeName(dt), static_cast<long long>(M),
-              static_cast<long long>(D), static_cast<long long>(I), e);
+  EXPECT_LT(e, dt == DType::kBF16 ? 8e-3 : 2e-3)
+      << DTypeName(dt) << " M=" << M << " D=" << D << " I=" << I << " cluster=" << o.cluster << " group=" << o.group_m;
+  std::printf("swiglu_hopper %s M=%lld D=%lld I=%lld cluster=%d group=%d rel_err=%.2e\n", DTypeName(dt),
+              static_cast<long long>(M), static_cast<long long>(D), static_cast<long long>(I), o.cluster, o.group_m, e);
 }
 
 TEST(SwigluHopperTest, MatchesCpuReference) {
   bool any_gpu = false;
   if (!HaveHopper(&any_gpu)) GTEST_SKIP() << (any_gpu ? "not compute capability 9.0" : "no CUDA device");
   std::mt19937 rng(std::random_device{}());
-  for (DType dt : {DType::kBF16, DType::kF16}) {
-    for (int64_t M : {1, 63, 64, 65, 127, 128, 129}) {
-      Check(dt, M, 256, 256, rng);  // whole tiles in D and I
-      Check(dt, M, 200, 136, rng);  // k tail (200 = 3*64 + 8), column tail (136 = 128 + 8)
+  cuda::HopperSwigluOptions plain, pairs, pairs_g1;  // plain: the defaults, no clusters
+  pairs.cluster = 2;
+  pairs_g1.cluster = 2;
+  pairs_g1.group_m = 1;
+  for (const cuda::HopperSwigluOptions& o : {plain, pairs}) {
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      for (int64_t M : {1, 63, 64, 65, 127, 128, 129, 255, 257}) {
+        Check(dt, M, 256, 256, rng, o);  // whole tiles in D and I
+        Check(dt, M, 200, 136, rng, o);  // k tail (200 = 3*64 + 8), column tail (136 = 128 + 8 < 128 + 64)
+      }
+      Check(dt, 4097, 512, 264, rng, o);   // many tiles over a persistent grid, tails in M and I
+      Check(dt, 300, 8, 8, rng, o);        // the smallest D and I
+      Check(dt, 257, 2048, 1048, rng, o);  // a long k loop (32 k tiles, pipeline phases wrap), I tail past 64
     }
-    Check(dt, 4097, 512, 264, rng);   // many tiles over a persistent grid, tails in M and I
-    Check(dt, 300, 8, 8, rng);        // the smallest D and I
-    Check(dt, 257, 2048, 1024, rng);  // a long k loop (32 k tiles, pipeline phases wrap)
   }
+  Check(DType::kBF16, 1000, 256, 2048, rng, pairs_g1);  // another tile walk
 }
 
 TEST(SwigluHopperTest, RefusesWhatItCannotRun) {

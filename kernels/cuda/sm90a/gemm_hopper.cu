@@ -7,10 +7,13 @@
 // Warp specialization: warpgroup 0 is the producer (one thread issues TMA
 // into a 4-stage ring of 128B-swizzled shared memory, full/empty mbarriers),
 // warpgroups 1 and 2 consume 64 rows each; setmaxnreg moves registers from
-// the producer to the consumers (128 fp32 accumulators each). Persistent
-// grid (one CTA per SM) walking the tiles row-fastest in groups (TileOrigin),
-// so the CTAs of a wave share tiles in L2; the producer prefetches the next
-// tile while the consumers store.
+// the producer to the consumers (128 fp32 accumulators each). The h tile
+// leaves through swizzled shared memory and TMA stores that overlap the next
+// tile's main loop. Persistent grid (one CTA per SM) walking the tiles
+// row-fastest in groups (TileOrigin), so the CTAs of a wave share tiles in
+// L2; the producer prefetches the next tile while the consumers store.
+// Optional 2-CTA clusters share the weight tile by TMA multicast (off by
+// default: measured slower, see swiglu_hopper.h).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -28,10 +31,11 @@ constexpr int kBM = 128;  // rows of x per CTA (2 consumer warpgroups x 64)
 constexpr int kBN = 128;  // columns of h per CTA (gate and up: 256 B rows)
 constexpr int kBK = 64;   // 64 bf16 = 128 bytes: one swizzle row
 constexpr int kStages = 4;
-constexpr int kThreads = 384;                                                       // producer warpgroup + 2 consumers
-constexpr int kABytes = kBM * kBK * 2;                                              // 16 KiB
-constexpr int kBBytes = 2 * kBN * kBK * 2;                                          // 32 KiB (gate then up)
-constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + 2 * kStages * 8 + 1024;  // + barriers, alignment
+constexpr int kThreads = 384;               // producer warpgroup + 2 consumers
+constexpr int kABytes = kBM * kBK * 2;      // 16 KiB
+constexpr int kBBytes = 2 * kBN * kBK * 2;  // 32 KiB (gate then up)
+constexpr int kOutBytes = kBM * kBN * 2;    // 32 KiB: the h tile on its way to a TMA store
+constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + kOutBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -65,6 +69,49 @@ __device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, 
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
       : "memory");
+}
+
+// The same box into this CTA and its cluster peer (same shared-memory
+// offsets), completing on each CTA's own mbarrier at `bar`.
+__device__ __forceinline__ void TmaLoad2dMulticast(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
+                                                   uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+__device__ __forceinline__ void TmaStore2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until the bulk stores issued by this thread have read shared memory.
+__device__ __forceinline__ void BulkWaitRead() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void BulkWait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ void ClusterSync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Arrive on the mbarrier at the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 // K-major operand in 128B-swizzled shared memory: rows of 128 bytes, 8-row
@@ -170,40 +217,55 @@ struct Ops<__half> {
 
 // Tile t of the persistent walk: groups of group_m row tiles, rows fastest
 // inside a group, so a wave's CTAs share both x and weight tiles in L2.
-__device__ __forceinline__ void TileOrigin(int t, int m_tiles, int n_tiles, int group_m, int* m0, int* n0) {
+// Returns the row tile's index (of a cluster's rows) and the first column.
+__device__ __forceinline__ void TileOrigin(int t, int m_tiles, int n_tiles, int group_m, int* mt, int* n0) {
   const int per_group = group_m * n_tiles;
   const int first_m = (t / per_group) * group_m, r = t % per_group;
   const int gm = min(group_m, m_tiles - first_m);
-  *m0 = (first_m + r % gm) * kBM;
+  *mt = first_m + r % gm;
   *n0 = (r / gm) * kBN;
 }
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
 
-template <typename T>
+// kCluster 2: CTA pairs of one cluster take vertically adjacent tiles with
+// the same columns; each loads its own x tile and one half of the weight
+// tile (rank 0 gate, rank 1 up), multicast into both, so each weight byte
+// crosses L2 once per pair. A stage is free again only when the consumers
+// of both CTAs are done with it (16 arrivals on each CTA's empty barrier).
+template <typename T, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     SwigluGateKernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_gate,
-                     const __grid_constant__ CUtensorMap map_up, T* __restrict__ h, int M, int I, int D, int group_m) {
+                     const __grid_constant__ CUtensorMap map_up, const __grid_constant__ CUtensorMap map_h, int M,
+                     int I, int D, int group_m) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t a_base = SmemAddr(smem);
   const uint32_t b_base = a_base + kStages * kABytes;
-  const uint32_t full_bar = b_base + kStages * kBBytes;  // kStages x 8 bytes
+  const uint32_t out_base = b_base + kStages * kBBytes;  // 2 x (64 rows x 256 B), two 128 B-wide boxes each
+  const uint32_t full_bar = out_base + kOutBytes;        // kStages x 8 bytes
   const uint32_t empty_bar = full_bar + kStages * 8;
 
+  const uint32_t rank = kCluster > 1 ? ClusterRank() : 0;
   const int m_tiles = (M + kBM - 1) / kBM;
+  const int mp_tiles = (m_tiles + kCluster - 1) / kCluster;  // row tiles of a cluster
   const int n_tiles = (I + kBN - 1) / kBN;
   const int k_tiles = (D + kBK - 1) / kBK;
-  const int tiles = m_tiles * n_tiles;
+  const int tiles = mp_tiles * n_tiles;
+  const int first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full_bar + 8 * s, 1);
-      MbarInit(empty_bar + 8 * s, 8);  // lane 0 of each consumer warp
+      MbarInit(empty_bar + 8 * s, 8 * kCluster);  // lane 0 of each consumer warp of the cluster
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    ClusterSync();  // the peer's barriers exist before anything lands in them
+  } else {
+    __syncthreads();
+  }
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
@@ -211,17 +273,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int m0, n0;
-        TileOrigin(t, m_tiles, n_tiles, group_m, &m0, &n0);
+      for (int t = first; t < tiles; t += step) {
+        int mp, n0;
+        TileOrigin(t, mp_tiles, n_tiles, group_m, &mp, &n0);
+        const int m0 = (mp * kCluster + static_cast<int>(rank)) * kBM;
         for (int kt = 0; kt < k_tiles; ++kt) {
           MbarWait(empty_bar + 8 * stage, phase ^ 1);
           const uint32_t fb = full_bar + 8 * stage;
           MbarExpectTx(fb, kABytes + kBBytes);
           const uint32_t b = b_base + stage * kBBytes;
           TmaLoad2d(a_base + stage * kABytes, &map_x, kt * kBK, m0, fb);
-          TmaLoad2d(b, &map_gate, kt * kBK, n0, fb);
-          TmaLoad2d(b + kBBytes / 2, &map_up, kt * kBK, n0, fb);
+          if constexpr (kCluster > 1) {
+            TmaLoad2dMulticast(b + rank * (kBBytes / 2), rank == 0 ? &map_gate : &map_up, kt * kBK, n0, fb, 0x3);
+          } else {
+            TmaLoad2d(b, &map_gate, kt * kBK, n0, fb);
+            TmaLoad2d(b + kBBytes / 2, &map_up, kt * kBK, n0, fb);
+          }
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1;
@@ -233,11 +300,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int cw = wg - 1;  // rows cw*64 .. cw*64+63 of the tile
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const bool leader = threadIdx.x % 128 == 0;
+    const uint32_t out = out_base + cw * (kOutBytes / 2);
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      int m0, n0;
-      TileOrigin(t, m_tiles, n_tiles, group_m, &m0, &n0);
+    for (int t = first; t < tiles; t += step) {
+      int mp, n0;
+      TileOrigin(t, mp_tiles, n_tiles, group_m, &mp, &n0);
+      const int m0 = (mp * kCluster + static_cast<int>(rank)) * kBM;
       float acc[128];
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -255,9 +325,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 128; ++i) FenceOperand(acc[i]);
         // The previous stage's wgmmas are done once at most this group is
-        // pending: hand that stage back to the producer.
+        // pending: hand that stage back to the producer(s).
         WgmmaWait<1>();
-        if (prev >= 0 && lane == 0) MbarArrive(empty_bar + 8 * prev);
+        if (prev >= 0 && lane == 0) {
+          if constexpr (kCluster > 1) {
+            MbarArriveCluster(empty_bar + 8 * prev, 0);
+            MbarArriveCluster(empty_bar + 8 * prev, 1);
+          } else {
+            MbarArrive(empty_bar + 8 * prev);
+          }
+        }
         prev = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -267,26 +344,48 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaWait<0>();
 #pragma unroll
       for (int i = 0; i < 128; ++i) FenceOperand(acc[i]);
-      if (prev >= 0 && lane == 0) MbarArrive(empty_bar + 8 * prev);
-      // Accumulator register i: row warp*16 + lane/4 + 8*((i>>1)&1), column
-      // (i>>2)*8 + (lane%4)*2 + (i&1); up's column c+128 is register i+64.
-      const int row0 = m0 + cw * 64 + warp * 16 + lane / 4;
-      const int col0 = n0 + (lane % 4) * 2;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = col0 + j * 8;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = row0 + 8 * r;
-          const int i = j * 4 + r * 2;
-          if (row < M && col < I) {
-            const float v0 = Silu(acc[i]) * acc[i + 64];
-            const float v1 = Silu(acc[i + 1]) * acc[i + 65];
-            *reinterpret_cast<uint32_t*>(h + static_cast<size_t>(row) * I + col) = Ops<T>::Pack(v0, v1);
-          }
+      if (prev >= 0 && lane == 0) {
+        if constexpr (kCluster > 1) {
+          MbarArriveCluster(empty_bar + 8 * prev, 0);
+          MbarArriveCluster(empty_bar + 8 * prev, 1);
+        } else {
+          MbarArrive(empty_bar + 8 * prev);
         }
       }
+      // Epilogue: h through shared memory (the layout of the output tensor
+      // map's 128B-swizzled 64 x 64 boxes), then one TMA store per box; the
+      // store overlaps the next tile's main loop. Accumulator register i:
+      // row warp*16 + lane/4 + 8*((i>>1)&1), column (i>>2)*8 + (lane%4)*2 +
+      // (i&1); up's column c+128 is register i+64. Row % 8 is lane/4, so the
+      // swizzled 16-byte chunk is (column chunk) ^ (lane/4): no bank conflicts.
+      if (leader) BulkWaitRead();  // the previous tile's stores have read the buffer
+      NamedBarrier(1 + cw, 128);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = j * 4 + r * 2;
+          const int row = warp * 16 + lane / 4 + 8 * r;
+          const float v0 = Silu(acc[i]) * acc[i + 64];
+          const float v1 = Silu(acc[i + 1]) * acc[i + 65];
+          const uint32_t addr = out + (j / 8) * 8192 + row * 128 + (((j % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(Ops<T>::Pack(v0, v1)) : "memory");
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the TMA engine
+      NamedBarrier(1 + cw, 128);
+      const int row0 = m0 + cw * 64;
+      if (leader && row0 < M) {
+        TmaStore2d(&map_h, out, n0, row0);
+        if (n0 + 64 < I) TmaStore2d(&map_h, out + 8192, n0 + 64, row0);
+        BulkCommit();
+      }
     }
+    if (leader) BulkWait();
+  }
+  if constexpr (kCluster > 1) {
+    __syncwarp();
+    ClusterSync();  // no CTA leaves while its peer may still signal its barriers
   }
 }
 
@@ -294,7 +393,8 @@ struct DeviceInfo {
   bool queried = false;
   bool hopper = false;
   int sms = 0;
-  bool smem_set[2] = {false, false};
+  bool prepared[2][2] = {};  // [dtype][cluster - 1]: shared-memory limit raised
+  int max_clusters[2] = {};  // [dtype]: co-resident 2-CTA clusters (0: none)
 };
 
 std::mutex g_mu;
@@ -334,8 +434,9 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
   return fn;
 }
 
-// A [rows, cols] row-major tensor read in (128 rows) x (64 columns) boxes,
-// 128B-swizzled; out-of-bounds rows and columns read as zero.
+// A [rows, cols] row-major tensor moved in (box_rows) x (64 columns) boxes,
+// 128B-swizzled; out-of-bounds rows and columns read as zero and are not
+// written.
 CudaStatus MakeMap(CUtensorMap* map, DType dt, const void* base, int64_t rows, int64_t cols, int box_rows) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFn();
   if (encode == nullptr) return CudaStatus::Error("swiglu_hopper: cuTensorMapEncodeTiled is not available");
@@ -373,8 +474,64 @@ bool HopperSwigluSupported(DType dt, int64_t M, int64_t D, int64_t I, const void
   return info != nullptr && info->hopper;
 }
 
+namespace {
+
+template <typename T, int kCluster>
+CudaStatus Launch(DeviceInfo* info, int di, const CUtensorMap& mx, const CUtensorMap& mg, const CUtensorMap& mu,
+                  const CUtensorMap& mh, int M, int I, int D, int group_m, int64_t tiles, cudaStream_t stream) {
+  auto kernel = &SwigluGateKernel<T, kCluster>;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!info->prepared[di][kCluster - 1]) {
+      if (CudaStatus s =
+              FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+          !s.ok())
+        return s;
+      if (kCluster > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = kCluster;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.gridDim = dim3(kCluster * 66);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = kSmemBytes;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg)); !s.ok()) return s;
+        info->max_clusters[di] = n;
+      }
+      info->prepared[di][kCluster - 1] = true;
+    }
+  }
+  if (kCluster > 1 && info->max_clusters[di] == 0) {  // no 2-CTA cluster fits: the plain kernel
+    return Launch<T, 1>(info, di, mx, mg, mu, mh, M, I, D, group_m, tiles, stream);
+  }
+  // Persistent grid: one CTA per SM (as many clusters as fit at once).
+  const int64_t units = (tiles + kCluster - 1) / kCluster * kCluster;
+  const int64_t resident = kCluster > 1 ? int64_t{info->max_clusters[di]} * kCluster : info->sms;
+  const int grid = static_cast<int>(units < resident ? units : resident);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kCluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = kCluster > 1 ? 1 : 0;
+  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mx, mg, mu, mh, M, I, D, group_m));
+}
+
+}  // namespace
+
 CudaStatus LaunchHopperSwiglu(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
-                              cudaStream_t stream, int group_m) {
+                              cudaStream_t stream, const HopperSwigluOptions& o) {
   if (!HopperSwigluSupported(dt, M, D, I, x, gate_up, h)) {
     return CudaStatus::Unsupported(
         "swiglu_hopper: needs a compute capability 9.0 device, bf16/fp16, D and I multiples "
@@ -384,37 +541,25 @@ CudaStatus LaunchHopperSwiglu(DType dt, int64_t M, int64_t D, int64_t I, const v
   int device = 0;
   if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
   DeviceInfo* info = Info(device);
-  CUtensorMap mx, mg, mu;
+  CUtensorMap mx, mg, mu, mh;
   if (CudaStatus s = MakeMap(&mx, dt, x, M, D, kBM); !s.ok()) return s;
   if (CudaStatus s = MakeMap(&mg, dt, gate_up, I, D, kBN); !s.ok()) return s;
   const void* up = static_cast<const uint8_t*>(gate_up) + static_cast<size_t>(I) * D * 2;
   if (CudaStatus s = MakeMap(&mu, dt, up, I, D, kBN); !s.ok()) return s;
+  if (CudaStatus s = MakeMap(&mh, dt, h, M, I, 64); !s.ok()) return s;
+  const int cluster = o.cluster == 2 ? 2 : 1;
   const int64_t m_tiles = (M + kBM - 1) / kBM;
+  const int64_t mp_tiles = (m_tiles + cluster - 1) / cluster;
   const int64_t tiles = m_tiles * ((I + kBN - 1) / kBN);
-  const int group = static_cast<int>(group_m <= 0 || group_m > m_tiles ? m_tiles : group_m);
-  const int grid = static_cast<int>(tiles < info->sms ? tiles : info->sms);
-  const int di = dt == DType::kBF16 ? 0 : 1;
-  auto kernel = dt == DType::kBF16 ? reinterpret_cast<const void*>(&SwigluGateKernel<__nv_bfloat16>)
-                                   : reinterpret_cast<const void*>(&SwigluGateKernel<__half>);
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    if (!info->smem_set[di]) {
-      if (CudaStatus s =
-              FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-          !s.ok())
-        return s;
-      info->smem_set[di] = true;
-    }
-  }
+  const int group = static_cast<int>(o.group_m <= 0 || o.group_m > mp_tiles ? mp_tiles : o.group_m);
   const int m = static_cast<int>(M), i = static_cast<int>(I), d = static_cast<int>(D);
-  if (dt == DType::kBF16) {
-    SwigluGateKernel<__nv_bfloat16>
-        <<<grid, kThreads, kSmemBytes, stream>>>(mx, mg, mu, static_cast<__nv_bfloat16*>(h), m, i, d, group);
-  } else {
-    SwigluGateKernel<__half>
-        <<<grid, kThreads, kSmemBytes, stream>>>(mx, mg, mu, static_cast<__half*>(h), m, i, d, group);
+  const int di = dt == DType::kBF16 ? 0 : 1;
+  if (cluster == 2) {
+    return dt == DType::kBF16 ? Launch<__nv_bfloat16, 2>(info, di, mx, mg, mu, mh, m, i, d, group, tiles, stream)
+                              : Launch<__half, 2>(info, di, mx, mg, mu, mh, m, i, d, group, tiles, stream);
   }
-  return FS_CUDA_CHECK_LAUNCH();
+  return dt == DType::kBF16 ? Launch<__nv_bfloat16, 1>(info, di, mx, mg, mu, mh, m, i, d, group, tiles, stream)
+                            : Launch<__half, 1>(info, di, mx, mg, mu, mh, m, i, d, group, tiles, stream);
 }
 
 }  // namespace fusedserve::cuda

@@ -11,6 +11,7 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/swiglu_hopper.h"
 
 namespace fusedserve {
 namespace cuda {
@@ -21,7 +22,7 @@ std::string FormatSwigluMlpConfig(const SwigluMlpConfig& c) {
 
 bool ParseSwigluMlpConfig(const std::string& s, SwigluMlpConfig* c) {
   std::vector<int> v;
-  if (!ParseConfigInts(s, "p", &v) || v[0] > static_cast<int>(LinearPath::kSkinny)) return false;
+  if (!ParseConfigInts(s, "p", &v) || v[0] > static_cast<int>(LinearPath::kHopper)) return false;
   *c = SwigluMlpConfig{static_cast<LinearPath>(v[0])};
   return true;
 }
@@ -30,18 +31,24 @@ std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t
   std::vector<SwigluMlpConfig> c = {{LinearPath::kGemm}};
   if (GemvShape(dtype, M, D)) c.push_back({LinearPath::kGemv});
   if (SkinnyGemmShape(dtype, M, I, D)) c.push_back({LinearPath::kSkinny});
+  if (M > kSkinnyMaxM && HopperSwigluSupported(dtype, M, D, I, nullptr, nullptr, nullptr)) {
+    c.push_back({LinearPath::kHopper});
+  }
   return c;
 }
 
 namespace {
 
-LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                             const SwigluMlpConfig& c) {
   const bool gemv_ok = cuda::GemvSupported(dt, M, D, x, gate_up);
   const bool skinny_ok = cuda::SkinnyGemmSupported(dt, M, I, D, x, gate_up);
   if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;
   if (c.path == LinearPath::kSkinny && skinny_ok) return LinearPath::kSkinny;
-  if (c.path == LinearPath::kGemm) return LinearPath::kGemm;
+  if (c.path == LinearPath::kHopper && cuda::HopperSwigluSupported(dt, M, D, I, x, gate_up, h)) {
+    return LinearPath::kHopper;
+  }
+  if (c.path == LinearPath::kGemm || c.path == LinearPath::kHopper) return LinearPath::kGemm;
   if (gemv_ok && M <= kGemvAutoMaxM) return LinearPath::kGemv;
   return skinny_ok ? LinearPath::kSkinny : LinearPath::kGemm;
 }
@@ -50,17 +57,19 @@ LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const voi
 
 bool SwigluGateNeedsScratch(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
                             const SwigluMlpConfig& c) {
-  return ChooseSwigluPath(dtype, M, D, I, x, gate_up, c) == LinearPath::kGemm;
+  return ChooseSwigluPath(dtype, M, D, I, x, gate_up, nullptr, c) == LinearPath::kGemm;
 }
 
 CudaStatus LaunchSwigluGate(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                             void* gu, const SwigluMlpConfig& c, const LinearConfig& gate_up_config,
                             cudaStream_t stream) {
-  switch (ChooseSwigluPath(dt, M, D, I, x, gate_up, c)) {
+  switch (ChooseSwigluPath(dt, M, D, I, x, gate_up, h, c)) {
     case LinearPath::kGemv:
       return cuda::LaunchGemvSwiglu(dt, M, D, I, x, gate_up, h, stream);
     case LinearPath::kSkinny:
       return cuda::LaunchSkinnySwiglu(dt, M, D, I, x, gate_up, h, stream);
+    case LinearPath::kHopper:
+      return cuda::LaunchHopperSwiglu(dt, M, D, I, x, gate_up, h, stream);
     default:
       break;
   }

@@ -1,0 +1,27 @@
+// Hopper (sm_90a) flash-attention prefill (kernels/cuda/sm90a/
+// attention_hopper.cu): the same problem as LaunchAttentionPrefill's
+// mma.sync kernel (packed varlen, GQA, causal or not, D 64/128, bf16/fp16)
+// on wgmma fed by TMA. Plain header: no CUDA driver or gRPC types.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace fusedserve::cuda {
+
+// True when the current device is compute capability 9.0 (the kernel is
+// built for sm_90a only); queried once per device and cached.
+bool HopperAttentionAvailable();
+
+// Whether the Hopper kernel covers this problem's dtype and head dim.
+bool HopperAttentionSupports(DType dtype, int D);
+
+// Kernel knobs: `stages` K/V shared-memory stages (2 or 3); `overlap`: the
+// softmax of key tile j runs while the tensor cores do S(j+1) and P(j-1)V
+// (FlashAttention-3's intra-warpgroup pipelining) instead of in sequence.
+// Validates like LaunchAttentionPrefill; the caller checks availability.
+CudaStatus LaunchAttentionHopper(const AttentionParams& p, int stages, bool overlap, cudaStream_t stream);
+
+}  // namespace fusedserve::cuda

@@ -1,0 +1,566 @@
+// Hopper flash-attention prefill (see kernels/cuda/attention_hopper.h),
+// FlashAttention-3 style, built for sm_90a only (CMake's sm90a object
+// library). One CTA owns 128 query rows of one (sequence, q head):
+//   warpgroup 0 (producer, 24 registers): one thread issues TMA loads of the
+//     Q tile and of 128-key K and V tiles into 128B-swizzled shared memory,
+//     kStages deep, each stage guarded by full (transaction-count) and empty
+//     mbarriers;
+//   warpgroups 1 and 2 (consumers, 240 registers): 64 query rows each;
+//     S = Q K^T by wgmma with both operands in shared memory, the causal /
+//     length mask on the tiles that need it, online softmax in registers
+//     (exp2, scale folded in), then O += P V by wgmma with P (the S
+//     accumulators rounded to 16 bits) as the register A operand and V read
+//     MN-major (transposed) from shared memory.
+// With kOverlap the consumer issues S(j+1) and P(j)V(j) back to back and does
+// the softmax of tile j+1 while P(j)V(j) still runs (FA3's intra-warpgroup
+// pipelining). Key tiles run from the last to the first, so the one causal
+// diagonal tile (masked) comes first and fully masked tiles are never loaded.
+// Packed varlen: the tensor maps cover the whole [T, H, D] tensors; a tile
+// starts at its sequence's offset, rows past the sequence belong to the next
+// one (masked out of the scores, never stored) or lie past T (TMA fills
+// zeros). O is written with ordinary masked stores.
+#include <cuda.h>  // CUtensorMap and the encoder's types; the function itself comes through the runtime
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/attention_hopper.h"
+#include "kernels/cuda/common.cuh"
+
+namespace fusedserve::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64
+constexpr int kBlockN = 128;  // keys per K/V tile
+constexpr int kThreads = 384;
+constexpr int kAtomCols = 64;    // 16-bit columns in one 128-byte swizzle row
+constexpr int kAtomBytes = 128;  // bytes per row of a swizzle atom
+
+template <int kD, int kStages>
+struct HopperLayout {
+  static constexpr int kQBytes = kBlockM * kD * 2;
+  static constexpr int kKVBytes = kBlockN * kD * 2;  // one K (or V) stage
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQBytes;
+  static constexpr int kV = kK + kStages * kKVBytes;
+  static constexpr int kBar = kV + kStages * kKVBytes;
+  // q_full, k_full[kStages], v_full[kStages], empty[kStages]; 1 KB of slack
+  // to align the base to the 1024-byte swizzle period.
+  static constexpr int kBytes = kBar + (1 + 3 * kStages) * 8 + 1024;
+  static_assert(kBytes <= 227 * 1024, "shared memory");
+};
+
+struct HopperParams {
+  void* o;                  // [T,Hq,D]
+  const int32_t* seq_lens;  // [B]
+  int Hq, group;            // group = Hq / Hkv
+  float scale_log2;         // scale * log2(e)
+  bool causal;
+};
+
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Sum of seq_lens[0..b): the packed offset of sequence b (warp-cooperative).
+__device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, int b) {
+  int s = 0;
+  for (int i = threadIdx.x & 31; i < b; i += 32) s += lens[i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---- mbarrier and TMA -------------------------------------------------------
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+// One box of a 3D map ({column, head, row} coordinates) into shared memory,
+// completing on `bar` with its byte count.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// ---- wgmma ------------------------------------------------------------------
+
+// Shared-memory matrix descriptor, 128B swizzle: start address, leading and
+// stride byte offsets in 16-byte units. K-major tiles (Q, K) use SBO = 1024
+// (8 rows of 128 bytes); V read MN-major also uses LBO = the distance between
+// its 64-column atoms.
+__device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving register reads/writes across an async
+// wgmma's issue or wait (its operands are live until the wait).
+template <int N>
+__device__ __forceinline__ void FenceRegs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void FenceRegs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+// D[64 x N] (+)= A[64 x 16] B[16 x N]: A and B K-major in shared memory.
+template <typename T, int N>
+__device__ __forceinline__ void WgmmaSS(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);
+// D[64 x N] += A[64 x 16] (registers) B[16 x N] (shared memory, MN-major).
+template <typename T, int N>
+__device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);
+
+// clang-format off
+template <>
+__device__ __forceinline__ void WgmmaRS<__nv_bfloat16, 64>(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaRS<__half, 64>(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSS<__nv_bfloat16, 128>(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaRS<__nv_bfloat16, 128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSS<__half, 128>(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaRS<__half, 128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+// clang-format on
+
+// ---- the kernel ---------------------------------------------------------------
+
+template <typename T, int kD, int kStages, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    HopperFlashKernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                      const __grid_constant__ CUtensorMap tm_v, const HopperParams p) {
+  using L = HopperLayout<kD, kStages>;
+  constexpr int kAtoms = kD / kAtomCols;  // 64-column swizzle atoms per row
+  constexpr int kSRegs = kBlockN / 2;     // S accumulators per thread
+  constexpr int kORegs = kD / 2;          // O accumulators per thread
+  constexpr int kPSteps = kBlockN / 16;   // k16 steps of P V
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
+  const int seqlen = p.seq_lens[b];
+  if (m_block * kBlockM >= seqlen) return;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV, bar = base + L::kBar;
+  const uint32_t q_full = bar;
+  auto k_full = [&](int s) { return bar + 8u * (1 + s); };
+  auto v_full = [&](int s) { return bar + 8u * (1 + kStages + s); };
+  auto empty = [&](int s) { return bar + 8u * (1 + 2 * kStages + s); };
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    MbarInit(q_full, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(k_full(s), 1);
+      MbarInit(v_full(s), 1);
+      MbarInit(empty(s), 8);  // lane 0 of each consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int seq_start = SequenceStart(p.seq_lens, b);
+  const int n_blocks = p.causal
+                           ? min((seqlen + kBlockN - 1) / kBlockN, ((m_block + 1) * kBlockM + kBlockN - 1) / kBlockN)
+                           : (seqlen + kBlockN - 1) / kBlockN;
+
+  if (warp < 4) {
+    // Producer warpgroup: one thread issues every copy.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (warp == 0 && lane == 0) {
+      const int kvh = h / p.group;
+      MbarExpectTx(q_full, L::kQBytes);
+#pragma unroll
+      for (int a = 0; a < kAtoms; ++a) {
+        TmaLoad3d(sQ + a * kBlockM * kAtomBytes, &tm_q, q_full, a * kAtomCols, h, seq_start + m_block * kBlockM);
+      }
+      for (int i = 0; i < n_blocks; ++i) {
+        const int nb = n_blocks - 1 - i, s = i % kStages;
+        MbarWait(empty(s), ((i / kStages) & 1) ^ 1);  // the consumers are done with round i/kStages - 1
+        const int row = seq_start + nb * kBlockN;
+        MbarExpectTx(k_full(s), L::kKVBytes);
+#pragma unroll
+        for (int a = 0; a < kAtoms; ++a) {
+          TmaLoad3d(sK + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_k, k_full(s), a * kAtomCols, kvh, row);
+        }
+        MbarExpectTx(v_full(s), L::kKVBytes);
+#pragma unroll
+        for (int a = 0; a < kAtoms; ++a) {
+          TmaLoad3d(sV + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_v, v_full(s), a * kAtomCols, kvh, row);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroups.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int wg = warp / 4 - 1, wq = warp % 4;
+  const int wg_row_min = m_block * kBlockM + wg * 64;                    // first query row of this warpgroup
+  const int row0 = wg_row_min + wq * 16 + (lane >> 2), row1 = row0 + 8;  // this thread's two rows
+  const float scale_log2 = p.scale_log2;
+
+  float o[kORegs];
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
+  float s[kSRegs];
+  uint32_t pa[kPSteps][4];
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  auto qk = [&](int stage) {
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t qa = sQ + (kk / 4) * kBlockM * kAtomBytes + wg * 64 * kAtomBytes + (kk % 4) * 32;
+      const uint32_t kb = sK + stage * L::kKVBytes + (kk / 4) * kBlockN * kAtomBytes + (kk % 4) * 32;
+      WgmmaSS<T, kBlockN>(s, Desc(qa, 16, 1024), Desc(kb, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+  };
+  auto pv = [&](int stage) {
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const uint32_t vb = sV + stage * L::kKVBytes + kk * 16 * kAtomBytes;
+      WgmmaRS<T, kD>(o, pa[kk], Desc(vb, kBlockN * kAtomBytes, 1024), 1);
+    }
+    WgmmaCommit();
+  };
+  // Masks tile nb's scores, updates the running max/sum, turns s into
+  // unnormalized probabilities; alpha: the factor O must be rescaled by.
+  auto softmax = [&](int nb, float(&alpha)[2]) {
+    const int key0 = nb * kBlockN;
+    if (key0 + kBlockN > seqlen || (p.causal && key0 + kBlockN - 1 > wg_row_min)) {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = key0 + i * 8 + 2 * (lane & 3) + (e & 1);
+          const int row = e < 2 ? row0 : row1;
+          if (col >= seqlen || (p.causal && col > row)) s[4 * i + e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[half], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
+      alpha[half] = FastExp2(row_max[half] - m_use);
+      row_max[half] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) {
+        s[4 * i + 2 * half] = FastExp2(fmaf(s[4 * i + 2 * half], scale_log2, -m_use));
+        s[4 * i + 2 * half + 1] = FastExp2(fmaf(s[4 * i + 2 * half + 1], scale_log2, -m_use));
+        sum += s[4 * i + 2 * half] + s[4 * i + 2 * half + 1];
+      }
+      row_sum[half] = row_sum[half] * alpha[half] + sum;
+    }
+  };
+  auto rescale = [&](const float(&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      o[4 * i] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+  };
+  // The S accumulator layout of two n8 tiles is the A fragment of one k16 step.
+  auto to_p = [&]() {
+#pragma unroll
+    for (int j = 0; j < kPSteps; ++j) {
+      pa[j][0] = Pack2<T>(s[8 * j], s[8 * j + 1]);
+      pa[j][1] = Pack2<T>(s[8 * j + 2], s[8 * j + 3]);
+      pa[j][2] = Pack2<T>(s[8 * j + 4], s[8 * j + 5]);
+      pa[j][3] = Pack2<T>(s[8 * j + 6], s[8 * j + 7]);
+    }
+  };
+  auto release = [&](int stage) {
+    if (lane == 0) MbarArrive(empty(stage));
+  };
+
+  MbarWait(q_full, 0);
+  if constexpr (!kOverlap) {
+    for (int i = 0; i < n_blocks; ++i) {
+      const int stage = i % kStages;
+      const uint32_t parity = (i / kStages) & 1;
+      MbarWait(k_full(stage), parity);
+      qk(stage);
+      WgmmaWait<0>();
+      FenceRegs(s);
+      float alpha[2];
+      softmax(n_blocks - 1 - i, alpha);
+      rescale(alpha);
+      to_p();
+      MbarWait(v_full(stage), parity);
+      pv(stage);
+      WgmmaWait<0>();
+      FenceRegs(o);
+      FenceRegs(pa);
+      release(stage);
+    }
+  } else {
+    MbarWait(k_full(0), 0);
+    qk(0);
+    WgmmaWait<0>();
+    FenceRegs(s);
+    {
+      float alpha[2];
+      softmax(n_blocks - 1, alpha);  // O is still zero: nothing to rescale
+    }
+    to_p();
+    for (int i = 1; i < n_blocks; ++i) {
+      const int stage = i % kStages, prev = (i - 1) % kStages;
+      MbarWait(k_full(stage), (i / kStages) & 1);
+      qk(stage);
+      MbarWait(v_full(prev), ((i - 1) / kStages) & 1);
+      pv(prev);
+      WgmmaWait<1>();  // S(i) is done; P(i-1) V(i-1) may still run
+      FenceRegs(s);
+      float alpha[2];
+      softmax(n_blocks - 1 - i, alpha);
+      WgmmaWait<0>();
+      FenceRegs(o);
+      FenceRegs(pa);
+      release(prev);
+      rescale(alpha);
+      to_p();
+    }
+    const int last = (n_blocks - 1) % kStages;
+    MbarWait(v_full(last), ((n_blocks - 1) / kStages) & 1);
+    pv(last);
+    WgmmaWait<0>();
+    FenceRegs(o);
+    FenceRegs(pa);
+    release(last);
+  }
+
+  // Normalize and store this thread's two rows (those inside the sequence).
+  T* gO = static_cast<T*>(p.o) + (static_cast<int64_t>(seq_start) * p.Hq + h) * kD;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = row_sum[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int row = half == 0 ? row0 : row1;
+    if (row < seqlen) {
+      T* dst = gO + static_cast<int64_t>(row) * p.Hq * kD + 2 * (lane & 3);
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * i) = Pack2<T>(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+      }
+    }
+  }
+}
+
+// ---- host side ------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // clear the error so later launch checks do not report it
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [T, H, D] tensor as a 3D map (column, head, row) with boxes of 64
+// columns x 1 head x `rows` rows, 128B-swizzled; rows past T read as zeros.
+CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int T, int H, int D, int rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return CudaStatus::Error("attention_hopper: cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(T)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(H) * D * 2};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kAtomCols), 1, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode(map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+             const_cast<void*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return CudaStatus::Error("attention_hopper: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ")");
+  }
+  return CudaStatus::Ok();
+}
+
+template <typename T, int kD, int kStages, bool kOverlap>
+CudaStatus LaunchKernel(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
+                        dim3 grid, cudaStream_t stream) {
+  auto kernel = HopperFlashKernel<T, kD, kStages, kOverlap>;
+  constexpr int kSmem = HopperLayout<kD, kStages>::kBytes;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      !s.ok())
+    return s;
+  kernel<<<grid, kThreads, kSmem, stream>>>(q, k, v, hp);
+  return FS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int kD>
+CudaStatus LaunchHeadDim(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
+                         dim3 grid, int stages, bool overlap, cudaStream_t stream) {
+  if (stages == 3) return LaunchKernel<T, kD, 3, true>(q, k, v, hp, grid, stream);
+  if (overlap) return LaunchKernel<T, kD, 2, true>(q, k, v, hp, grid, stream);
+  return LaunchKernel<T, kD, 2, false>(q, k, v, hp, grid, stream);
+}
+
+template <typename T>
+CudaStatus LaunchDtype(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
+                       dim3 grid, int D, int stages, bool overlap, cudaStream_t stream) {
+  return D == 128 ? LaunchHeadDim<T, 128>(q, k, v, hp, grid, stages, overlap, stream)
+                  : LaunchHeadDim<T, 64>(q, k, v, hp, grid, stages, overlap, stream);
+}
+
+}  // namespace
+
+bool HopperAttentionAvailable() {
+  // 0: not queried yet, 1: Hopper (9.0), 2: anything else.
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return false;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, minor = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+    if (!ok) cudaGetLastError();
+    v = ok && major == 9 && minor == 0 && TensorMapEncoder() != nullptr ? 1 : 2;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+bool HopperAttentionSupports(DType dtype, int D) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && (D == 64 || D == 128);
+}
+
+CudaStatus LaunchAttentionHopper(const AttentionParams& a, int stages, bool overlap, cudaStream_t stream) {
+  if (!HopperAttentionSupports(a.dtype, a.D)) {
+    return CudaStatus::Unsupported("attention_hopper: needs bf16/fp16 and head dim 64 or 128");
+  }
+  if (stages != 2 && stages != 3) return CudaStatus::Error("attention_hopper: stages must be 2 or 3");
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention: Hq must be a multiple of Hkv");
+  if (a.T == 0 || a.B == 0 || a.max_seqlen == 0) return CudaStatus::Ok();
+  if (!Aligned16(a.q) || !Aligned16(a.k) || !Aligned16(a.v) || !Aligned16(a.o)) {
+    return CudaStatus::Error("attention: q, k, v, o must be 16-byte aligned");
+  }
+  if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
+  CUtensorMap q, k, v;
+  if (CudaStatus s = EncodeMap(&q, a.dtype, a.q, a.T, a.Hq, a.D, kBlockM); !s.ok()) return s;
+  if (CudaStatus s = EncodeMap(&k, a.dtype, a.k, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
+  if (CudaStatus s = EncodeMap(&v, a.dtype, a.v, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
+  const HopperParams hp{a.o, a.seq_lens, a.Hq, a.Hq / a.Hkv, a.scale * kLog2e, a.causal};
+  const dim3 grid((a.max_seqlen + kBlockM - 1) / kBlockM, a.Hq, a.B);
+  if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, stages, overlap, stream);
+  return LaunchDtype<__half>(q, k, v, hp, grid, a.D, stages, overlap, stream);
+}
+
+}  // namespace fusedserve::cuda

@@ -1,10 +1,12 @@
 // Hopper flash-attention prefill (see kernels/cuda/attention_hopper.h),
 // FlashAttention-3 style, built for sm_90a only (CMake's sm90a object
-// library). One CTA owns 128 query rows of one (sequence, q head):
+// library). Persistent CTAs (one per SM) walk 128-row query tiles of one
+// (sequence, q head) each, heaviest first; a CTA:
 //   warpgroup 0 (producer, 24 registers): one thread issues TMA loads of the
 //     Q tile and of 128-key K and V tiles into 128B-swizzled shared memory,
-//     kStages deep, each stage guarded by full (transaction-count) and empty
-//     mbarriers;
+//     kStages deep, each K and V stage (and Q) guarded by full
+//     (transaction-count) and empty mbarriers, so the next tile's Q and K/V
+//     load while the consumers finish the last one;
 //   warpgroups 1 and 2 (consumers, 240 registers): 64 query rows each;
 //     S = Q K^T by wgmma with both operands in shared memory, the causal /
 //     length mask on the tiles that need it, online softmax in registers
@@ -24,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -49,16 +52,18 @@ struct HopperLayout {
   static constexpr int kK = kQBytes;
   static constexpr int kV = kK + kStages * kKVBytes;
   static constexpr int kBar = kV + kStages * kKVBytes;
-  // q_full, k_full[kStages], v_full[kStages], empty[kStages]; 1 KB of slack
+  // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages],
+  // v_empty[kStages]; 1 KB of slack
   // to align the base to the 1024-byte swizzle period.
-  static constexpr int kBytes = kBar + (1 + 3 * kStages) * 8 + 1024;
+  static constexpr int kBytes = kBar + (2 + 4 * kStages) * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
 struct HopperParams {
   void* o;                  // [T,Hq,D]
   const int32_t* seq_lens;  // [B]
-  int Hq, group;            // group = Hq / Hkv
+  int B, Hq, group;         // group = Hq / Hkv
+  int m_blocks;             // 128-row query blocks of the longest sequence
   float scale_log2;         // scale * log2(e)
   bool causal;
 };
@@ -227,61 +232,99 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kSRegs = kBlockN / 2;     // S accumulators per thread
   constexpr int kORegs = kD / 2;          // O accumulators per thread
   constexpr int kPSteps = kBlockN / 16;   // k16 steps of P V
-  const int b = blockIdx.z, h = blockIdx.y;
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
-  const int seqlen = p.seq_lens[b];
-  if (m_block * kBlockM >= seqlen) return;
 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV, bar = base + L::kBar;
-  const uint32_t q_full = bar;
-  auto k_full = [&](int s) { return bar + 8u * (1 + s); };
-  auto v_full = [&](int s) { return bar + 8u * (1 + kStages + s); };
-  auto empty = [&](int s) { return bar + 8u * (1 + 2 * kStages + s); };
+  const uint32_t q_full = bar, q_empty = bar + 8;
+  auto k_full = [&](int s) { return bar + 8u * (2 + s); };
+  auto v_full = [&](int s) { return bar + 8u * (2 + kStages + s); };
+  auto k_empty = [&](int s) { return bar + 8u * (2 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bar + 8u * (2 + 3 * kStages + s); };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     MbarInit(q_full, 1);
+    MbarInit(q_empty, 8);  // lane 0 of each consumer warp
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       MbarInit(k_full(s), 1);
       MbarInit(v_full(s), 1);
-      MbarInit(empty(s), 8);  // lane 0 of each consumer warp
+      MbarInit(k_empty(s), 8);
+      MbarInit(v_empty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  const int seq_start = SequenceStart(p.seq_lens, b);
-  const int n_blocks = p.causal
-                           ? min((seqlen + kBlockN - 1) / kBlockN, ((m_block + 1) * kBlockM + kBlockN - 1) / kBlockN)
-                           : (seqlen + kBlockN - 1) / kBlockN;
+
+  // Persistent CTAs: tile t = (m block, head, sequence) with the heaviest
+  // (last) m blocks first; CTA c takes tiles c, c + gridDim.x, ... Producer
+  // and consumers walk the same list, so their barrier phases stay in step.
+  const int heads_x_seqs = p.Hq * p.B;
+  const int n_tiles = p.m_blocks * heads_x_seqs;
+  struct Tile {
+    int m_block, h, b, seqlen, seq_start, n_blocks;
+  };
+  // Warp-cooperative (SequenceStart); false for tiles past their sequence.
+  auto decode = [&](int t, Tile* tile) {
+    const int r = t % heads_x_seqs;
+    tile->m_block = p.m_blocks - 1 - t / heads_x_seqs;
+    tile->h = r % p.Hq;
+    tile->b = r / p.Hq;
+    tile->seqlen = p.seq_lens[tile->b];
+    if (tile->m_block * kBlockM >= tile->seqlen) return false;
+    tile->seq_start = SequenceStart(p.seq_lens, tile->b);
+    const int all = (tile->seqlen + kBlockN - 1) / kBlockN;
+    tile->n_blocks = p.causal ? min(all, ((tile->m_block + 1) * kBlockM + kBlockN - 1) / kBlockN) : all;
+    return true;
+  };
 
   if (warp < 4) {
-    // Producer warpgroup: one thread issues every copy.
+    // Producer warpgroup: warp 0 walks the tiles, its lane 0 issues every copy
+    // (Q; then K0, K1, V0, K2, V1, ...: the order the consumers need them).
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (warp == 0 && lane == 0) {
-      const int kvh = h / p.group;
-      MbarExpectTx(q_full, L::kQBytes);
-#pragma unroll
-      for (int a = 0; a < kAtoms; ++a) {
-        TmaLoad3d(sQ + a * kBlockM * kAtomBytes, &tm_q, q_full, a * kAtomCols, h, seq_start + m_block * kBlockM);
-      }
-      for (int i = 0; i < n_blocks; ++i) {
-        const int nb = n_blocks - 1 - i, s = i % kStages;
-        MbarWait(empty(s), ((i / kStages) & 1) ^ 1);  // the consumers are done with round i/kStages - 1
-        const int row = seq_start + nb * kBlockN;
-        MbarExpectTx(k_full(s), L::kKVBytes);
+    if (warp != 0) return;
+    int it = 0, qi = 0;  // K/V tiles and Q tiles issued so far
+    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+      Tile tile;
+      if (!decode(t, &tile)) continue;
+      if (lane == 0) {
+        const int kvh = tile.h / p.group;
+        MbarWait(q_empty, (qi & 1) ^ 1);  // the consumers are done with the previous Q
+        MbarExpectTx(q_full, L::kQBytes);
 #pragma unroll
         for (int a = 0; a < kAtoms; ++a) {
-          TmaLoad3d(sK + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_k, k_full(s), a * kAtomCols, kvh, row);
+          TmaLoad3d(sQ + a * kBlockM * kAtomBytes, &tm_q, q_full, a * kAtomCols, tile.h,
+                    tile.seq_start + tile.m_block * kBlockM);
         }
-        MbarExpectTx(v_full(s), L::kKVBytes);
+        auto load_k = [&](int i) {
+          const int j = it + i, s = j % kStages;
+          MbarWait(k_empty(s), ((j / kStages) & 1) ^ 1);
+          MbarExpectTx(k_full(s), L::kKVBytes);
+          const int row = tile.seq_start + (tile.n_blocks - 1 - i) * kBlockN;
 #pragma unroll
-        for (int a = 0; a < kAtoms; ++a) {
-          TmaLoad3d(sV + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_v, v_full(s), a * kAtomCols, kvh, row);
+          for (int a = 0; a < kAtoms; ++a) {
+            TmaLoad3d(sK + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_k, k_full(s), a * kAtomCols, kvh, row);
+          }
+        };
+        auto load_v = [&](int i) {
+          const int j = it + i, s = j % kStages;
+          MbarWait(v_empty(s), ((j / kStages) & 1) ^ 1);
+          MbarExpectTx(v_full(s), L::kKVBytes);
+          const int row = tile.seq_start + (tile.n_blocks - 1 - i) * kBlockN;
+#pragma unroll
+          for (int a = 0; a < kAtoms; ++a) {
+            TmaLoad3d(sV + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_v, v_full(s), a * kAtomCols, kvh, row);
+          }
+        };
+        load_k(0);
+        for (int i = 0; i < tile.n_blocks; ++i) {
+          if (i + 1 < tile.n_blocks) load_k(i + 1);
+          load_v(i);
         }
       }
+      it += tile.n_blocks;
+      ++qi;
     }
     return;
   }
@@ -289,16 +332,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Consumer warpgroups.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   const int wg = warp / 4 - 1, wq = warp % 4;
-  const int wg_row_min = m_block * kBlockM + wg * 64;                    // first query row of this warpgroup
-  const int row0 = wg_row_min + wq * 16 + (lane >> 2), row1 = row0 + 8;  // this thread's two rows
   const float scale_log2 = p.scale_log2;
-
   float o[kORegs];
-#pragma unroll
-  for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
   float s[kSRegs];
   uint32_t pa[kPSteps][4];
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  float row_max[2], row_sum[2];
+  int it = 0, qi = 0;
 
   auto qk = [&](int stage) {
     WgmmaFence();
@@ -319,42 +358,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaCommit();
   };
-  // Masks tile nb's scores, updates the running max/sum, turns s into
-  // unnormalized probabilities; alpha: the factor O must be rescaled by.
-  auto softmax = [&](int nb, float(&alpha)[2]) {
-    const int key0 = nb * kBlockN;
-    if (key0 + kBlockN > seqlen || (p.causal && key0 + kBlockN - 1 > wg_row_min)) {
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = key0 + i * 8 + 2 * (lane & 3) + (e & 1);
-          const int row = e < 2 ? row0 : row1;
-          if (col >= seqlen || (p.causal && col > row)) s[4 * i + e] = -INFINITY;
-        }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[half], mx * scale_log2);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
-      alpha[half] = FastExp2(row_max[half] - m_use);
-      row_max[half] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-        s[4 * i + 2 * half] = FastExp2(fmaf(s[4 * i + 2 * half], scale_log2, -m_use));
-        s[4 * i + 2 * half + 1] = FastExp2(fmaf(s[4 * i + 2 * half + 1], scale_log2, -m_use));
-        sum += s[4 * i + 2 * half] + s[4 * i + 2 * half + 1];
-      }
-      row_sum[half] = row_sum[half] * alpha[half] + sum;
-    }
-  };
   auto rescale = [&](const float(&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) {
@@ -374,80 +377,140 @@ __global__ void __launch_bounds__(kThreads, 1)
       pa[j][3] = Pack2<T>(s[8 * j + 6], s[8 * j + 7]);
     }
   };
-  auto release = [&](int stage) {
-    if (lane == 0) MbarArrive(empty(stage));
+  auto release = [&](uint32_t barrier) {
+    if (lane == 0) MbarArrive(barrier);
   };
 
-  MbarWait(q_full, 0);
-  if constexpr (!kOverlap) {
-    for (int i = 0; i < n_blocks; ++i) {
-      const int stage = i % kStages;
-      const uint32_t parity = (i / kStages) & 1;
-      MbarWait(k_full(stage), parity);
+  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    Tile tile;
+    if (!decode(t, &tile)) continue;
+    const int seqlen = tile.seqlen, n_blocks = tile.n_blocks;
+    const int wg_row_min = tile.m_block * kBlockM + wg * 64;               // first query row of this warpgroup
+    const int row0 = wg_row_min + wq * 16 + (lane >> 2), row1 = row0 + 8;  // this thread's two rows
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+
+    // Masks tile nb's scores, updates the running max/sum, turns s into
+    // unnormalized probabilities; alpha: the factor O must be rescaled by.
+    auto softmax = [&](int nb, float(&alpha)[2]) {
+      const int key0 = nb * kBlockN;
+      if (key0 + kBlockN > seqlen || (p.causal && key0 + kBlockN - 1 > wg_row_min)) {
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = key0 + i * 8 + 2 * (lane & 3) + (e & 1);
+            const int row = e < 2 ? row0 : row1;
+            if (col >= seqlen || (p.causal && col > row)) s[4 * i + e] = -INFINITY;
+          }
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[half], mx * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
+        alpha[half] = FastExp2(row_max[half] - m_use);
+        row_max[half] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) {
+          s[4 * i + 2 * half] = FastExp2(fmaf(s[4 * i + 2 * half], scale_log2, -m_use));
+          s[4 * i + 2 * half + 1] = FastExp2(fmaf(s[4 * i + 2 * half + 1], scale_log2, -m_use));
+          sum += s[4 * i + 2 * half] + s[4 * i + 2 * half + 1];
+        }
+        row_sum[half] = row_sum[half] * alpha[half] + sum;
+      }
+    };
+
+    MbarWait(q_full, qi & 1);
+    if constexpr (!kOverlap) {
+      for (int i = 0; i < n_blocks; ++i) {
+        const int j = it + i, stage = j % kStages;
+        const uint32_t parity = (j / kStages) & 1;
+        MbarWait(k_full(stage), parity);
+        qk(stage);
+        WgmmaWait<0>();
+        FenceRegs(s);
+        release(k_empty(stage));
+        if (i == n_blocks - 1) release(q_empty);
+        float alpha[2];
+        softmax(n_blocks - 1 - i, alpha);
+        rescale(alpha);
+        to_p();
+        MbarWait(v_full(stage), parity);
+        pv(stage);
+        WgmmaWait<0>();
+        FenceRegs(o);
+        FenceRegs(pa);
+        release(v_empty(stage));
+      }
+    } else {
+      int stage = it % kStages;
+      MbarWait(k_full(stage), (it / kStages) & 1);
       qk(stage);
       WgmmaWait<0>();
       FenceRegs(s);
-      float alpha[2];
-      softmax(n_blocks - 1 - i, alpha);
-      rescale(alpha);
+      release(k_empty(stage));
+      {
+        float alpha[2];
+        softmax(n_blocks - 1, alpha);  // O is still zero: nothing to rescale
+      }
       to_p();
-      MbarWait(v_full(stage), parity);
+      for (int i = 1; i < n_blocks; ++i) {
+        const int j = it + i, prev = (j - 1) % kStages;
+        stage = j % kStages;
+        MbarWait(k_full(stage), (j / kStages) & 1);
+        qk(stage);
+        MbarWait(v_full(prev), ((j - 1) / kStages) & 1);
+        pv(prev);
+        WgmmaWait<1>();  // S(i) is done; P(i-1) V(i-1) may still run
+        FenceRegs(s);
+        release(k_empty(stage));
+        float alpha[2];
+        softmax(n_blocks - 1 - i, alpha);
+        WgmmaWait<0>();
+        FenceRegs(o);
+        FenceRegs(pa);
+        release(v_empty(prev));
+        rescale(alpha);
+        to_p();
+      }
+      release(q_empty);  // every S of this tile is done
+      const int j = it + n_blocks - 1;
+      stage = j % kStages;
+      MbarWait(v_full(stage), (j / kStages) & 1);
       pv(stage);
       WgmmaWait<0>();
       FenceRegs(o);
       FenceRegs(pa);
-      release(stage);
+      release(v_empty(stage));
     }
-  } else {
-    MbarWait(k_full(0), 0);
-    qk(0);
-    WgmmaWait<0>();
-    FenceRegs(s);
-    {
-      float alpha[2];
-      softmax(n_blocks - 1, alpha);  // O is still zero: nothing to rescale
-    }
-    to_p();
-    for (int i = 1; i < n_blocks; ++i) {
-      const int stage = i % kStages, prev = (i - 1) % kStages;
-      MbarWait(k_full(stage), (i / kStages) & 1);
-      qk(stage);
-      MbarWait(v_full(prev), ((i - 1) / kStages) & 1);
-      pv(prev);
-      WgmmaWait<1>();  // S(i) is done; P(i-1) V(i-1) may still run
-      FenceRegs(s);
-      float alpha[2];
-      softmax(n_blocks - 1 - i, alpha);
-      WgmmaWait<0>();
-      FenceRegs(o);
-      FenceRegs(pa);
-      release(prev);
-      rescale(alpha);
-      to_p();
-    }
-    const int last = (n_blocks - 1) % kStages;
-    MbarWait(v_full(last), ((n_blocks - 1) / kStages) & 1);
-    pv(last);
-    WgmmaWait<0>();
-    FenceRegs(o);
-    FenceRegs(pa);
-    release(last);
-  }
+    it += n_blocks;
+    ++qi;
 
-  // Normalize and store this thread's two rows (those inside the sequence).
-  T* gO = static_cast<T*>(p.o) + (static_cast<int64_t>(seq_start) * p.Hq + h) * kD;
+    // Normalize and store this thread's two rows (those inside the sequence).
+    T* gO = static_cast<T*>(p.o) + (static_cast<int64_t>(tile.seq_start) * p.Hq + tile.h) * kD;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int row = half == 0 ? row0 : row1;
-    if (row < seqlen) {
-      T* dst = gO + static_cast<int64_t>(row) * p.Hq * kD + 2 * (lane & 3);
+    for (int half = 0; half < 2; ++half) {
+      float sum = row_sum[half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int row = half == 0 ? row0 : row1;
+      if (row < seqlen) {
+        T* dst = gO + static_cast<int64_t>(row) * p.Hq * kD + 2 * (lane & 3);
 #pragma unroll
-      for (int i = 0; i < kD / 8; ++i) {
-        *reinterpret_cast<uint32_t*>(dst + 8 * i) = Pack2<T>(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+        for (int i = 0; i < kD / 8; ++i) {
+          *reinterpret_cast<uint32_t*>(dst + 8 * i) =
+              Pack2<T>(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+        }
       }
     }
   }
@@ -518,25 +581,35 @@ CudaStatus LaunchDtype(const CUtensorMap& q, const CUtensorMap& k, const CUtenso
 
 }  // namespace
 
-bool HopperAttentionAvailable() {
-  // 0: not queried yet, 1: Hopper (9.0), 2: anything else.
-  static std::atomic<int> cache[64];
+namespace {
+// Per device: 0 not queried yet, else (SM count << 1) | (1 if Hopper 9.0).
+std::atomic<int> g_device_info[64];
+
+int DeviceInfo() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  int v = cache[dev].load(std::memory_order_relaxed);
+  int v = g_device_info[dev].load(std::memory_order_relaxed);
   if (v == 0) {
-    int major = 0, minor = 0;
+    int major = 0, minor = 0, sms = 0;
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-    if (!ok) cudaGetLastError();
-    v = ok && major == 9 && minor == 0 && TensorMapEncoder() != nullptr ? 1 : 2;
-    cache[dev].store(v, std::memory_order_relaxed);
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
+    if (!ok) {
+      cudaGetLastError();
+      return 0;
+    }
+    const bool hopper = major == 9 && minor == 0 && TensorMapEncoder() != nullptr;
+    v = (std::max(sms, 1) << 1) | (hopper ? 1 : 0);
+    g_device_info[dev].store(v, std::memory_order_relaxed);
   }
-  return v == 1;
+  return v;
 }
+}  // namespace
+
+bool HopperAttentionAvailable() { return (DeviceInfo() & 1) != 0; }
 
 bool HopperAttentionSupports(DType dtype, int D) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && (D == 64 || D == 128);
@@ -557,8 +630,12 @@ CudaStatus LaunchAttentionHopper(const AttentionParams& a, int stages, bool over
   if (CudaStatus s = EncodeMap(&q, a.dtype, a.q, a.T, a.Hq, a.D, kBlockM); !s.ok()) return s;
   if (CudaStatus s = EncodeMap(&k, a.dtype, a.k, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
   if (CudaStatus s = EncodeMap(&v, a.dtype, a.v, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
-  const HopperParams hp{a.o, a.seq_lens, a.Hq, a.Hq / a.Hkv, a.scale * kLog2e, a.causal};
-  const dim3 grid((a.max_seqlen + kBlockM - 1) / kBlockM, a.Hq, a.B);
+  const int m_blocks = (a.max_seqlen + kBlockM - 1) / kBlockM;
+  const int64_t tiles = static_cast<int64_t>(m_blocks) * a.Hq * a.B;
+  if (tiles > (int64_t{1} << 31) - 1) return CudaStatus::Error("attention_hopper: too many query tiles");
+  const HopperParams hp{a.o, a.seq_lens, a.B, a.Hq, a.Hq / a.Hkv, m_blocks, a.scale * kLog2e, a.causal};
+  // Persistent: one CTA per SM (the shared memory allows no second).
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(1, DeviceInfo() >> 1))));
   if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, stages, overlap, stream);
   return LaunchDtype<__half>(q, k, v, hp, grid, a.D, stages, overlap, stream);
 }

@@ -733,19 +733,19 @@ CudaStatus LaunchSimt(DType dtype, const SimtParams& p, int D, int queries, cuda
 bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
 
 std::string FormatAttentionConfig(const AttentionConfig& c) {
-  if (c.hopper_stages > 0) return FormatConfigInts("hso", {128, c.hopper_stages, c.hopper_overlap ? 1 : 0});
+  if (c.hopper_stages > 0) return FormatConfigInts("hso", {128, c.hopper_stages, c.hopper_sched});
   return FormatConfigInts("mw", {c.block_m, c.warps});
 }
 
 bool ParseAttentionConfig(const std::string& s, AttentionConfig* c) {
   std::vector<int> v;
   if (ParseConfigInts(s, "hso", &v)) {
-    const bool known = v[0] == 128 && ((v[1] == 2 && v[2] <= 1) || (v[1] == 3 && v[2] == 1));
+    const bool known = v[0] == 128 && HopperAttentionBuilt(v[1], v[2]);
     if (!known) return false;
     AttentionConfig h;
     h.block_m = 128;
     h.hopper_stages = v[1];
-    h.hopper_overlap = v[2] == 1;
+    h.hopper_sched = v[2];
     *c = h;
     return true;
   }
@@ -762,7 +762,7 @@ AttentionConfig HopperDefault() {
   AttentionConfig h;
   h.block_m = 128;
   h.hopper_stages = 2;
-  h.hopper_overlap = true;
+  h.hopper_sched = 2;
   return h;
 }
 bool UseHopper(DType dtype, int D) { return HopperAttentionSupports(dtype, D) && HopperAttentionAvailable(); }
@@ -779,13 +779,16 @@ AttentionConfig DefaultAttentionConfig(const AttentionParams& a, int sm_count) {
 std::vector<AttentionConfig> AttentionCandidates(DType dtype) {
   if (dtype == DType::kF32) return {{128, 4}};  // the fp32 path has no block size
   std::vector<AttentionConfig> c;
-  if (UseHopper(dtype, 128)) {  // every head dim the kernels take
-    AttentionConfig h = HopperDefault();
+  if (UseHopper(dtype, 128)) {            // every head dim the kernels take
+    AttentionConfig h = HopperDefault();  // s2.o2
+    c.push_back(h);
+    h.hopper_sched = 1;
     c.push_back(h);
     h.hopper_stages = 3;
+    h.hopper_sched = 2;
     c.push_back(h);
     h.hopper_stages = 2;
-    h.hopper_overlap = false;
+    h.hopper_sched = 0;
     c.push_back(h);
   }
   c.push_back({128, 4});
@@ -806,7 +809,7 @@ CudaStatus LaunchAttentionPrefill(const AttentionParams& a, const AttentionConfi
   }
   if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
   if (c.hopper_stages > 0) {
-    if (UseHopper(a.dtype, a.D)) return LaunchAttentionHopper(a, c.hopper_stages, c.hopper_overlap, stream);
+    if (UseHopper(a.dtype, a.D)) return LaunchAttentionHopper(a, c.hopper_stages, c.hopper_sched, stream);
     block_m = 128;  // not a Hopper GPU (or fp32): the mma.sync shape
     warps = 4;
   }

@@ -18,10 +18,13 @@ bool HopperAttentionAvailable();
 // Whether the Hopper kernel covers this problem's dtype and head dim.
 bool HopperAttentionSupports(DType dtype, int D);
 
-// Kernel knobs: `stages` K/V shared-memory stages (2 or 3); `overlap`: the
-// softmax of key tile j runs while the tensor cores do S(j+1) and P(j-1)V
-// (FlashAttention-3's intra-warpgroup pipelining) instead of in sequence.
+// Kernel knobs: `stages` K/V shared-memory stages (2 or 3); `sched` 0: each
+// key tile's S, softmax and P V in sequence; 1: the softmax of tile j runs
+// while the tensor cores do S(j+1) and P(j-1)V (FlashAttention-3's
+// intra-warpgroup pipelining); 2: that plus ping-pong between the two
+// consumer warpgroups. Built: stages 2 with sched 0-2, stages 3 with 1-2.
+bool HopperAttentionBuilt(int stages, int sched);
 // Validates like LaunchAttentionPrefill; the caller checks availability.
-CudaStatus LaunchAttentionHopper(const AttentionParams& p, int stages, bool overlap, cudaStream_t stream);
+CudaStatus LaunchAttentionHopper(const AttentionParams& p, int stages, int sched, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

@@ -328,7 +328,8 @@ TEST_F(ComputeTest, AttentionPrefillVarlenAndFull) {
 // and on other GPUs these configs run the mma.sync kernel): 128-row query
 // tiles and 128-key tiles, so the edges are at 64 (a consumer warpgroup's
 // rows) and 128; GQA 1/4/8, both head dims and dtypes, causal and not.
-const std::vector<std::string> kHopperConfigs = {"", "h128.s2.o1", "h128.s3.o1", "h128.s2.o0"};
+const std::vector<std::string> kHopperConfigs = {"",           "h128.s2.o2", "h128.s2.o1",
+                                                 "h128.s3.o2", "h128.s3.o1", "h128.s2.o0"};
 
 TEST_F(ComputeTest, AttentionPrefillHopperTileEdges) {
   uint64_t seed = 900;

@@ -13,9 +13,12 @@
 //     (exp2, scale folded in), then O += P V by wgmma with P (the S
 //     accumulators rounded to 16 bits) as the register A operand and V read
 //     MN-major (transposed) from shared memory.
-// With kOverlap the consumer issues S(j+1) and P(j)V(j) back to back and does
-// the softmax of tile j+1 while P(j)V(j) still runs (FA3's intra-warpgroup
-// pipelining). Key tiles run from the last to the first, so the one causal
+// kSched 0: each key tile in sequence (S, softmax, P V). 1: the consumer
+// issues S(j+1) and P(j)V(j) back to back and does the softmax of tile j+1
+// while P(j)V(j) still runs (FA3's intra-warpgroup pipelining). 2: that plus
+// ping-pong between the two consumer warpgroups: named barriers make them
+// take turns issuing their GEMMs, so one's softmax runs under the other's
+// GEMMs and the tensor cores see one stream of work. Key tiles run from the last to the first, so the one causal
 // diagonal tile (masked) comes first and fully masked tiles are never loaded.
 // Packed varlen: the tensor maps cover the whole [T, H, D] tensors; a tile
 // starts at its sequence's offset, rows past the sequence belong to the next
@@ -223,7 +226,7 @@ __device__ __forceinline__ void WgmmaRS<__half, 128>(float (&d)[64], const uint3
 
 // ---- the kernel ---------------------------------------------------------------
 
-template <typename T, int kD, int kStages, bool kOverlap>
+template <typename T, int kD, int kStages, int kSched>
 __global__ void __launch_bounds__(kThreads, 1)
     HopperFlashKernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v, const HopperParams p) {
@@ -380,6 +383,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto release = [&](uint32_t barrier) {
     if (lane == 0) MbarArrive(barrier);
   };
+  // Ping-pong (kSched 2): named barrier 1 + w is warpgroup w's turn to issue.
+  // The other warpgroup arrives on it after issuing its own GEMMs; warpgroup
+  // 1 arrives once up front so warpgroup 0 goes first.
+  auto my_turn = [&]() {
+    if constexpr (kSched == 2) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  };
+  auto their_turn = [&]() {
+    if constexpr (kSched == 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+  };
+  if (wg == 1) their_turn();
 
   for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
     Tile tile;
@@ -430,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     MbarWait(q_full, qi & 1);
-    if constexpr (!kOverlap) {
+    if constexpr (kSched == 0) {
       for (int i = 0; i < n_blocks; ++i) {
         const int j = it + i, stage = j % kStages;
         const uint32_t parity = (j / kStages) & 1;
@@ -454,7 +467,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       int stage = it % kStages;
       MbarWait(k_full(stage), (it / kStages) & 1);
+      my_turn();
       qk(stage);
+      their_turn();
       WgmmaWait<0>();
       FenceRegs(s);
       release(k_empty(stage));
@@ -467,9 +482,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int j = it + i, prev = (j - 1) % kStages;
         stage = j % kStages;
         MbarWait(k_full(stage), (j / kStages) & 1);
-        qk(stage);
         MbarWait(v_full(prev), ((j - 1) / kStages) & 1);
+        my_turn();
+        qk(stage);
         pv(prev);
+        their_turn();
         WgmmaWait<1>();  // S(i) is done; P(i-1) V(i-1) may still run
         FenceRegs(s);
         release(k_empty(stage));
@@ -486,7 +503,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int j = it + n_blocks - 1;
       stage = j % kStages;
       MbarWait(v_full(stage), (j / kStages) & 1);
+      my_turn();
       pv(stage);
+      their_turn();
       WgmmaWait<0>();
       FenceRegs(o);
       FenceRegs(pa);
@@ -514,6 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  if (wg == 0) my_turn();  // takes warpgroup 1's last arrival: no barrier left pending
 }
 
 // ---- host side ------------------------------------------------------------------
@@ -552,10 +572,10 @@ CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int T, int 
   return CudaStatus::Ok();
 }
 
-template <typename T, int kD, int kStages, bool kOverlap>
+template <typename T, int kD, int kStages, int kSched>
 CudaStatus LaunchKernel(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
                         dim3 grid, cudaStream_t stream) {
-  auto kernel = HopperFlashKernel<T, kD, kStages, kOverlap>;
+  auto kernel = HopperFlashKernel<T, kD, kStages, kSched>;
   constexpr int kSmem = HopperLayout<kD, kStages>::kBytes;
   if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       !s.ok())
@@ -566,17 +586,21 @@ CudaStatus LaunchKernel(const CUtensorMap& q, const CUtensorMap& k, const CUtens
 
 template <typename T, int kD>
 CudaStatus LaunchHeadDim(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
-                         dim3 grid, int stages, bool overlap, cudaStream_t stream) {
-  if (stages == 3) return LaunchKernel<T, kD, 3, true>(q, k, v, hp, grid, stream);
-  if (overlap) return LaunchKernel<T, kD, 2, true>(q, k, v, hp, grid, stream);
-  return LaunchKernel<T, kD, 2, false>(q, k, v, hp, grid, stream);
+                         dim3 grid, int stages, int sched, cudaStream_t stream) {
+  if (stages == 3) {
+    return sched == 2 ? LaunchKernel<T, kD, 3, 2>(q, k, v, hp, grid, stream)
+                      : LaunchKernel<T, kD, 3, 1>(q, k, v, hp, grid, stream);
+  }
+  if (sched == 2) return LaunchKernel<T, kD, 2, 2>(q, k, v, hp, grid, stream);
+  if (sched == 1) return LaunchKernel<T, kD, 2, 1>(q, k, v, hp, grid, stream);
+  return LaunchKernel<T, kD, 2, 0>(q, k, v, hp, grid, stream);
 }
 
 template <typename T>
 CudaStatus LaunchDtype(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
-                       dim3 grid, int D, int stages, bool overlap, cudaStream_t stream) {
-  return D == 128 ? LaunchHeadDim<T, 128>(q, k, v, hp, grid, stages, overlap, stream)
-                  : LaunchHeadDim<T, 64>(q, k, v, hp, grid, stages, overlap, stream);
+                       dim3 grid, int D, int stages, int sched, cudaStream_t stream) {
+  return D == 128 ? LaunchHeadDim<T, 128>(q, k, v, hp, grid, stages, sched, stream)
+                  : LaunchHeadDim<T, 64>(q, k, v, hp, grid, stages, sched, stream);
 }
 
 }  // namespace
@@ -611,15 +635,22 @@ int DeviceInfo() {
 
 bool HopperAttentionAvailable() { return (DeviceInfo() & 1) != 0; }
 
+bool HopperAttentionBuilt(int stages, int sched) {
+  return (stages == 2 && sched >= 0 && sched <= 2) || (stages == 3 && (sched == 1 || sched == 2));
+}
+
 bool HopperAttentionSupports(DType dtype, int D) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && (D == 64 || D == 128);
 }
 
-CudaStatus LaunchAttentionHopper(const AttentionParams& a, int stages, bool overlap, cudaStream_t stream) {
+CudaStatus LaunchAttentionHopper(const AttentionParams& a, int stages, int sched, cudaStream_t stream) {
   if (!HopperAttentionSupports(a.dtype, a.D)) {
     return CudaStatus::Unsupported("attention_hopper: needs bf16/fp16 and head dim 64 or 128");
   }
-  if (stages != 2 && stages != 3) return CudaStatus::Error("attention_hopper: stages must be 2 or 3");
+  if (!HopperAttentionBuilt(stages, sched)) {
+    return CudaStatus::Error("attention_hopper: no kernel with " + std::to_string(stages) + " stages and schedule " +
+                             std::to_string(sched));
+  }
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention: Hq must be a multiple of Hkv");
   if (a.T == 0 || a.B == 0 || a.max_seqlen == 0) return CudaStatus::Ok();
   if (!Aligned16(a.q) || !Aligned16(a.k) || !Aligned16(a.v) || !Aligned16(a.o)) {
@@ -636,8 +667,8 @@ CudaStatus LaunchAttentionHopper(const AttentionParams& a, int stages, bool over
   const HopperParams hp{a.o, a.seq_lens, a.B, a.Hq, a.Hq / a.Hkv, m_blocks, a.scale * kLog2e, a.causal};
   // Persistent: one CTA per SM (the shared memory allows no second).
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(1, DeviceInfo() >> 1))));
-  if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, stages, overlap, stream);
-  return LaunchDtype<__half>(q, k, v, hp, grid, a.D, stages, overlap, stream);
+  if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, stages, sched, stream);
+  return LaunchDtype<__half>(q, k, v, hp, grid, a.D, stages, sched, stream);
 }
 
 }  // namespace fusedserve::cuda

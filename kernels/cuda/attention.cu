@@ -769,7 +769,14 @@ bool UseHopper(DType dtype, int D) { return HopperAttentionSupports(dtype, D) &&
 }  // namespace
 
 AttentionConfig DefaultAttentionConfig(const AttentionParams& a, int sm_count) {
-  if (UseHopper(a.dtype, a.D)) return HopperDefault();
+  if (UseHopper(a.dtype, a.D)) {
+    // Measured (bench/notes/attention_hopper.md): ping-pong (o2) wins up to
+    // S=2048 (B=4 S=512: 41.3 vs 44.0 us), plain overlap (o1) on long
+    // sequences (B=4 S=8192: 3555 vs 3744 us).
+    AttentionConfig h = HopperDefault();
+    if (a.max_seqlen >= 4096) h.hopper_sched = 1;
+    return h;
+  }
   // Measured B=1 S=2048 Hq=32 (512 CTAs of 128 rows): 154 us with 64 rows,
   // 167 us with 128; B=4 S=2048 the other way, 513 vs 496 us.
   const int64_t ctas128 = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;

@@ -54,11 +54,19 @@ struct HopperLayout {
   static constexpr int kQ = 0;
   static constexpr int kK = kQBytes;
   static constexpr int kV = kK + kStages * kKVBytes;
-  static constexpr int kBar = kV + kStages * kKVBytes;
+  static constexpr int kO = kV + kStages * kKVBytes;
+  // O goes out through shared memory (coalesced 16-byte row stores) where
+  // it fits; else straight from the accumulators (4-byte stores).
+  static constexpr int kOBytes = kBlockM * kD * 2;
+  static constexpr int kBarNoStage = kO;
+  static constexpr int kBarStage = kO + kOBytes;
   // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages],
-  // v_empty[kStages]; 1 KB of slack
-  // to align the base to the 1024-byte swizzle period.
-  static constexpr int kBytes = kBar + (2 + 4 * kStages) * 8 + 1024;
+  // v_empty[kStages]; 1 KB of slack to align the base to the 1024-byte
+  // swizzle period.
+  static constexpr int kBarBytes = (2 + 4 * kStages) * 8 + 1024;
+  static constexpr bool kStageO = kBarStage + kBarBytes <= 227 * 1024;
+  static constexpr int kBar = kStageO ? kBarStage : kBarNoStage;
+  static constexpr int kBytes = kBar + kBarBytes;
   static_assert(kBytes <= 227 * 1024, "shared memory");
 };
 
@@ -239,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV, bar = base + L::kBar;
+  uint8_t* const sO = smem_raw + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw))) + L::kO;
   const uint32_t q_full = bar, q_empty = bar + 8;
   auto k_full = [&](int s) { return bar + 8u * (2 + s); };
   auto v_full = [&](int s) { return bar + 8u * (2 + kStages + s); };
@@ -362,6 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaCommit();
   };
   auto rescale = [&](const float(&alpha)[2]) {
+    // Once the running maxima settle most tiles move no row's max.
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) {
       o[4 * i] *= alpha[0];
@@ -394,9 +405,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (wg == 1) their_turn();
 
-  for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-    Tile tile;
-    if (!decode(t, &tile)) continue;
+  // The first of this CTA's tiles from t on that has rows; n_tiles if none.
+  auto next_tile = [&](int t, Tile* tile) {
+    for (; t < n_tiles; t += gridDim.x) {
+      if (decode(t, tile)) return t;
+    }
+    return n_tiles;
+  };
+  Tile tile{}, next{};
+  int t = next_tile(blockIdx.x, &tile), t_next = n_tiles;
+  // The next tile's decode (global loads) runs under the first GEMM.
+  auto prefetch_next = [&]() { t_next = next_tile(t + gridDim.x, &next); };
+  while (t < n_tiles) {
     const int seqlen = tile.seqlen, n_blocks = tile.n_blocks;
     const int wg_row_min = tile.m_block * kBlockM + wg * 64;               // first query row of this warpgroup
     const int row0 = wg_row_min + wq * 16 + (lane >> 2), row1 = row0 + 8;  // this thread's two rows
@@ -449,6 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t parity = (j / kStages) & 1;
         MbarWait(k_full(stage), parity);
         qk(stage);
+        if (i == 0) prefetch_next();
         WgmmaWait<0>();
         FenceRegs(s);
         release(k_empty(stage));
@@ -470,6 +491,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       my_turn();
       qk(stage);
       their_turn();
+      prefetch_next();
       WgmmaWait<0>();
       FenceRegs(s);
       release(k_empty(stage));
@@ -514,24 +536,61 @@ __global__ void __launch_bounds__(kThreads, 1)
     it += n_blocks;
     ++qi;
 
-    // Normalize and store this thread's two rows (those inside the sequence).
+    // Normalize and store the rows inside the sequence.
     T* gO = static_cast<T*>(p.o) + (static_cast<int64_t>(tile.seq_start) * p.Hq + tile.h) * kD;
+    float inv[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float sum = row_sum[half];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int row = half == 0 ? row0 : row1;
-      if (row < seqlen) {
-        T* dst = gO + static_cast<int64_t>(row) * p.Hq * kD + 2 * (lane & 3);
+      inv[half] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+    if constexpr (L::kStageO) {
+      // Each warp stages its 16 rows (16-byte chunks XOR-swizzled by row, so
+      // the 8 rows a store instruction touches hit different banks), then
+      // writes whole rows with 16-byte stores.
+      constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+      uint8_t* const wO = sO + (wg * 64 + wq * 16) * kD * 2;
+      const int g = lane >> 2;
 #pragma unroll
-        for (int i = 0; i < kD / 8; ++i) {
-          *reinterpret_cast<uint32_t*>(dst + 8 * i) =
-              Pack2<T>(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+      for (int half = 0; half < 2; ++half) {
+        const int r = g + 8 * half;
+#pragma unroll
+        for (int i = 0; i < kChunks; ++i) {
+          *reinterpret_cast<uint32_t*>(wO + r * kD * 2 + ((i ^ (r & 7)) << 4) + 4 * (lane & 3)) =
+              Pack2<T>(o[4 * i + 2 * half] * inv[half], o[4 * i + 2 * half + 1] * inv[half]);
+        }
+      }
+      __syncwarp();
+      constexpr int kRowsPerPass = 32 / kChunks;
+      const int c = lane % kChunks;
+      const int warp_row0 = tile.m_block * kBlockM + wg * 64 + wq * 16;
+#pragma unroll
+      for (int pass = 0; pass < 16 / kRowsPerPass; ++pass) {
+        const int r = pass * kRowsPerPass + lane / kChunks;
+        const uint4 v = *reinterpret_cast<const uint4*>(wO + r * kD * 2 + ((c ^ (r & 7)) << 4));
+        if (warp_row0 + r < seqlen) {
+          *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(warp_row0 + r) * p.Hq * kD + c * 8) = v;
+        }
+      }
+      __syncwarp();  // the next tile's staging waits for these reads
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = half == 0 ? row0 : row1;
+        if (row < seqlen) {
+          T* dst = gO + static_cast<int64_t>(row) * p.Hq * kD + 2 * (lane & 3);
+#pragma unroll
+          for (int i = 0; i < kD / 8; ++i) {
+            *reinterpret_cast<uint32_t*>(dst + 8 * i) =
+                Pack2<T>(o[4 * i + 2 * half] * inv[half], o[4 * i + 2 * half + 1] * inv[half]);
+          }
         }
       }
     }
+    tile = next;
+    t = t_next;
   }
   if (wg == 0) my_turn();  // takes warpgroup 1's last arrival: no barrier left pending
 }

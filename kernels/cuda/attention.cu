@@ -733,19 +733,21 @@ CudaStatus LaunchSimt(DType dtype, const SimtParams& p, int D, int queries, cuda
 bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
 
 std::string FormatAttentionConfig(const AttentionConfig& c) {
-  if (c.hopper_stages > 0) return FormatConfigInts("hso", {128, c.hopper_stages, c.hopper_sched});
+  if (c.hopper_stages > 0) {
+    return FormatConfigInts("hsoe", {128, c.hopper_stages, c.hopper_sched, c.hopper_stage_o ? 1 : 0});
+  }
   return FormatConfigInts("mw", {c.block_m, c.warps});
 }
 
 bool ParseAttentionConfig(const std::string& s, AttentionConfig* c) {
   std::vector<int> v;
-  if (ParseConfigInts(s, "hso", &v)) {
-    const bool known = v[0] == 128 && HopperAttentionBuilt(v[1], v[2]);
-    if (!known) return false;
+  if (ParseConfigInts(s, "hsoe", &v)) {
+    if (v[0] != 128 || v[3] > 1 || !HopperAttentionBuilt(HopperKnobs{v[1], v[2], v[3] == 1})) return false;
     AttentionConfig h;
     h.block_m = 128;
     h.hopper_stages = v[1];
     h.hopper_sched = v[2];
+    h.hopper_stage_o = v[3] == 1;
     *c = h;
     return true;
   }
@@ -763,6 +765,7 @@ AttentionConfig HopperDefault() {
   h.block_m = 128;
   h.hopper_stages = 2;
   h.hopper_sched = 2;
+  h.hopper_stage_o = true;
   return h;
 }
 bool UseHopper(DType dtype, int D) { return HopperAttentionSupports(dtype, D) && HopperAttentionAvailable(); }
@@ -787,15 +790,18 @@ std::vector<AttentionConfig> AttentionCandidates(DType dtype) {
   if (dtype == DType::kF32) return {{128, 4}};  // the fp32 path has no block size
   std::vector<AttentionConfig> c;
   if (UseHopper(dtype, 128)) {            // every head dim the kernels take
-    AttentionConfig h = HopperDefault();  // s2.o2
+    AttentionConfig h = HopperDefault();  // s2.o2.e1
     c.push_back(h);
+    h.hopper_stage_o = false;  // s2.o2.e0
+    c.push_back(h);
+    h.hopper_sched = 1;  // s2.o1.e0
+    c.push_back(h);
+    h.hopper_stage_o = true;  // s2.o1.e1
+    c.push_back(h);
+    h.hopper_sched = 0;  // s2.o0.e1
+    c.push_back(h);
+    h.hopper_stages = 3;  // s3.o1.e1
     h.hopper_sched = 1;
-    c.push_back(h);
-    h.hopper_stages = 3;
-    h.hopper_sched = 2;
-    c.push_back(h);
-    h.hopper_stages = 2;
-    h.hopper_sched = 0;
     c.push_back(h);
   }
   c.push_back({128, 4});
@@ -816,7 +822,8 @@ CudaStatus LaunchAttentionPrefill(const AttentionParams& a, const AttentionConfi
   }
   if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
   if (c.hopper_stages > 0) {
-    if (UseHopper(a.dtype, a.D)) return LaunchAttentionHopper(a, c.hopper_stages, c.hopper_sched, stream);
+    if (UseHopper(a.dtype, a.D))
+      return LaunchAttentionHopper(a, HopperKnobs{c.hopper_stages, c.hopper_sched, c.hopper_stage_o}, stream);
     block_m = 128;  // not a Hopper GPU (or fp32): the mma.sync shape
     warps = 4;
   }

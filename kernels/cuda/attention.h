@@ -42,16 +42,18 @@ bool AttentionHeadDimSupported(int D);
 //   m64.w4:  16 rows per warp, Q fragments kept in registers
 //   m128.w8: 16 rows per warp, Q in registers
 // or, on compute capability 9.0 for bf16/fp16, the Hopper wgmma + TMA kernel
-// (attention_hopper.h): "h128.s<stages>.o<schedule>", 128 query rows and
-// 128-key tiles, 2 or 3 K/V stages; schedule 0: softmax between the GEMMs,
-// 1: overlapped with the next tile's GEMMs, 2: that plus ping-pong between
-// the two consumer warpgroups (HopperAttentionBuilt says which are built).
+// (attention_hopper.h): "h128.s<stages>.o<schedule>.e<staged O>", 128
+// query rows and 128-key tiles, 2 or 3 K/V stages; schedule 0: softmax
+// between the GEMMs, 1: overlapped with the next tile's GEMMs, 2: that plus
+// ping-pong between the two consumer warpgroups; e1: O stored through shared
+// memory (HopperAttentionBuilt says which are built).
 // Format "m128.w4" (kernels/cuda/config.h). The fp32 path has one shape.
 struct AttentionConfig {
   int block_m = 0;  // 0: not set (the dispatch uses the default)
   int warps = 4;
   int hopper_stages = 0;  // > 0: the Hopper kernel with this many K/V stages
   int hopper_sched = 2;
+  bool hopper_stage_o = true;
 };
 std::string FormatAttentionConfig(const AttentionConfig& c);
 // False (and *c untouched) unless `s` is one of the shapes above.

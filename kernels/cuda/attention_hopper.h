@@ -18,13 +18,22 @@ bool HopperAttentionAvailable();
 // Whether the Hopper kernel covers this problem's dtype and head dim.
 bool HopperAttentionSupports(DType dtype, int D);
 
-// Kernel knobs: `stages` K/V shared-memory stages (2 or 3); `sched` 0: each
+// Kernel knobs. `stages`: K/V shared-memory stages (2 or 3). `sched` 0: each
 // key tile's S, softmax and P V in sequence; 1: the softmax of tile j runs
 // while the tensor cores do S(j+1) and P(j-1)V (FlashAttention-3's
 // intra-warpgroup pipelining); 2: that plus ping-pong between the two
-// consumer warpgroups. Built: stages 2 with sched 0-2, stages 3 with 1-2.
-bool HopperAttentionBuilt(int stages, int sched);
+// consumer warpgroups. `stage_o`: O leaves through shared memory as
+// coalesced 16-byte row stores (where it fits: not D=128 with 3 stages)
+// instead of 4-byte stores from the accumulators.
+struct HopperKnobs {
+  int stages = 2;
+  int sched = 2;
+  bool stage_o = true;
+};
+// Built: stages 2 with sched 1-2 either way and sched 0 staged; stages 3
+// with sched 1 staged.
+bool HopperAttentionBuilt(const HopperKnobs& c);
 // Validates like LaunchAttentionPrefill; the caller checks availability.
-CudaStatus LaunchAttentionHopper(const AttentionParams& p, int stages, int sched, cudaStream_t stream);
+CudaStatus LaunchAttentionHopper(const AttentionParams& p, const HopperKnobs& c, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

@@ -47,7 +47,7 @@ constexpr int kThreads = 384;
 constexpr int kAtomCols = 64;    // 16-bit columns in one 128-byte swizzle row
 constexpr int kAtomBytes = 128;  // bytes per row of a swizzle atom
 
-template <int kD, int kStages>
+template <int kD, int kStages, bool kStageORequested>
 struct HopperLayout {
   static constexpr int kQBytes = kBlockM * kD * 2;
   static constexpr int kKVBytes = kBlockN * kD * 2;  // one K (or V) stage
@@ -55,8 +55,9 @@ struct HopperLayout {
   static constexpr int kK = kQBytes;
   static constexpr int kV = kK + kStages * kKVBytes;
   static constexpr int kO = kV + kStages * kKVBytes;
-  // O goes out through shared memory (coalesced 16-byte row stores) where
-  // it fits; else straight from the accumulators (4-byte stores).
+  // O goes out through shared memory (coalesced 16-byte row stores) when
+  // asked for and it fits; else straight from the accumulators (4-byte
+  // stores).
   static constexpr int kOBytes = kBlockM * kD * 2;
   static constexpr int kBarNoStage = kO;
   static constexpr int kBarStage = kO + kOBytes;
@@ -64,7 +65,7 @@ struct HopperLayout {
   // v_empty[kStages]; 1 KB of slack to align the base to the 1024-byte
   // swizzle period.
   static constexpr int kBarBytes = (2 + 4 * kStages) * 8 + 1024;
-  static constexpr bool kStageO = kBarStage + kBarBytes <= 227 * 1024;
+  static constexpr bool kStageO = kStageORequested && kBarStage + kBarBytes <= 227 * 1024;
   static constexpr int kBar = kStageO ? kBarStage : kBarNoStage;
   static constexpr int kBytes = kBar + kBarBytes;
   static_assert(kBytes <= 227 * 1024, "shared memory");
@@ -234,11 +235,11 @@ __device__ __forceinline__ void WgmmaRS<__half, 128>(float (&d)[64], const uint3
 
 // ---- the kernel ---------------------------------------------------------------
 
-template <typename T, int kD, int kStages, int kSched>
+template <typename T, int kD, int kStages, int kSched, bool kStageO>
 __global__ void __launch_bounds__(kThreads, 1)
     HopperFlashKernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v, const HopperParams p) {
-  using L = HopperLayout<kD, kStages>;
+  using L = HopperLayout<kD, kStages, kStageO>;
   constexpr int kAtoms = kD / kAtomCols;  // 64-column swizzle atoms per row
   constexpr int kSRegs = kBlockN / 2;     // S accumulators per thread
   constexpr int kORegs = kD / 2;          // O accumulators per thread
@@ -270,10 +271,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   // Persistent CTAs: tile t = (m block, head, sequence) with the heaviest
-  // (last) m blocks first; CTA c takes tiles c, c + gridDim.x, ... Producer
-  // and consumers walk the same list, so their barrier phases stay in step.
+  // (last) m blocks first; in round r CTA c takes tile r G + c (even r) or
+  // r G + G - 1 - c (odd r), G = gridDim.x: the snake order evens out the
+  // causal work (round-robin gave CTA 0 40 key tiles and CTA 131 24 at
+  // B=1 S=2048). Producer and consumers walk the same list, so their
+  // barrier phases stay in step.
   const int heads_x_seqs = p.Hq * p.B;
   const int n_tiles = p.m_blocks * heads_x_seqs;
+  const int grid = gridDim.x;
+  const int n_rounds = (n_tiles + grid - 1) / grid;
+  const int cta = static_cast<int>(blockIdx.x);
+  auto snake = [&](int r) { return r * grid + ((r & 1) ? grid - 1 - cta : cta); };
   struct Tile {
     int m_block, h, b, seqlen, seq_start, n_blocks;
   };
@@ -297,9 +305,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (warp != 0) return;
     int it = 0, qi = 0;  // K/V tiles and Q tiles issued so far
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    for (int r = 0; r < n_rounds; ++r) {
+      const int t = snake(r);
       Tile tile;
-      if (!decode(t, &tile)) continue;
+      if (t >= n_tiles || !decode(t, &tile)) continue;
       if (lane == 0) {
         const int kvh = tile.h / p.group;
         MbarWait(q_empty, (qi & 1) ^ 1);  // the consumers are done with the previous Q
@@ -405,18 +414,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (wg == 1) their_turn();
 
-  // The first of this CTA's tiles from t on that has rows; n_tiles if none.
-  auto next_tile = [&](int t, Tile* tile) {
-    for (; t < n_tiles; t += gridDim.x) {
-      if (decode(t, tile)) return t;
+  // This CTA's first round from r on whose tile has rows; n_rounds if none.
+  auto next_tile = [&](int r, Tile* tile) {
+    for (; r < n_rounds; ++r) {
+      const int t = snake(r);
+      if (t < n_tiles && decode(t, tile)) return r;
     }
-    return n_tiles;
+    return n_rounds;
   };
   Tile tile{}, next{};
-  int t = next_tile(blockIdx.x, &tile), t_next = n_tiles;
+  int round = next_tile(0, &tile), round_next = n_rounds;
   // The next tile's decode (global loads) runs under the first GEMM.
-  auto prefetch_next = [&]() { t_next = next_tile(t + gridDim.x, &next); };
-  while (t < n_tiles) {
+  auto prefetch_next = [&]() { round_next = next_tile(round + 1, &next); };
+  while (round < n_rounds) {
     const int seqlen = tile.seqlen, n_blocks = tile.n_blocks;
     const int wg_row_min = tile.m_block * kBlockM + wg * 64;               // first query row of this warpgroup
     const int row0 = wg_row_min + wq * 16 + (lane >> 2), row1 = row0 + 8;  // this thread's two rows
@@ -546,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       inv[half] = sum > 0.0f ? 1.0f / sum : 0.0f;
     }
-    if constexpr (L::kStageO) {
+    if constexpr (L::kStageO) {  // (only when asked for and it fits)
       // Each warp stages its 16 rows (16-byte chunks XOR-swizzled by row, so
       // the 8 rows a store instruction touches hit different banks), then
       // writes whole rows with 16-byte stores.
@@ -590,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     tile = next;
-    t = t_next;
+    round = round_next;
   }
   if (wg == 0) my_turn();  // takes warpgroup 1's last arrival: no barrier left pending
 }
@@ -631,11 +641,11 @@ CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int T, int 
   return CudaStatus::Ok();
 }
 
-template <typename T, int kD, int kStages, int kSched>
+template <typename T, int kD, int kStages, int kSched, bool kStageO>
 CudaStatus LaunchKernel(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
                         dim3 grid, cudaStream_t stream) {
-  auto kernel = HopperFlashKernel<T, kD, kStages, kSched>;
-  constexpr int kSmem = HopperLayout<kD, kStages>::kBytes;
+  auto kernel = HopperFlashKernel<T, kD, kStages, kSched, kStageO>;
+  constexpr int kSmem = HopperLayout<kD, kStages, kStageO>::kBytes;
   if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       !s.ok())
     return s;
@@ -643,23 +653,30 @@ CudaStatus LaunchKernel(const CUtensorMap& q, const CUtensorMap& k, const CUtens
   return FS_CUDA_CHECK_LAUNCH();
 }
 
+// The built variants (HopperAttentionBuilt).
 template <typename T, int kD>
 CudaStatus LaunchHeadDim(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
-                         dim3 grid, int stages, int sched, cudaStream_t stream) {
-  if (stages == 3) {
-    return sched == 2 ? LaunchKernel<T, kD, 3, 2>(q, k, v, hp, grid, stream)
-                      : LaunchKernel<T, kD, 3, 1>(q, k, v, hp, grid, stream);
+                         dim3 grid, const HopperKnobs& c, cudaStream_t stream) {
+  if (c.stages == 3) return LaunchKernel<T, kD, 3, 1, true>(q, k, v, hp, grid, stream);
+  switch (c.sched * 2 + (c.stage_o ? 1 : 0)) {
+    case 1:
+      return LaunchKernel<T, kD, 2, 0, true>(q, k, v, hp, grid, stream);
+    case 2:
+      return LaunchKernel<T, kD, 2, 1, false>(q, k, v, hp, grid, stream);
+    case 3:
+      return LaunchKernel<T, kD, 2, 1, true>(q, k, v, hp, grid, stream);
+    case 4:
+      return LaunchKernel<T, kD, 2, 2, false>(q, k, v, hp, grid, stream);
+    default:
+      return LaunchKernel<T, kD, 2, 2, true>(q, k, v, hp, grid, stream);
   }
-  if (sched == 2) return LaunchKernel<T, kD, 2, 2>(q, k, v, hp, grid, stream);
-  if (sched == 1) return LaunchKernel<T, kD, 2, 1>(q, k, v, hp, grid, stream);
-  return LaunchKernel<T, kD, 2, 0>(q, k, v, hp, grid, stream);
 }
 
 template <typename T>
 CudaStatus LaunchDtype(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
-                       dim3 grid, int D, int stages, int sched, cudaStream_t stream) {
-  return D == 128 ? LaunchHeadDim<T, 128>(q, k, v, hp, grid, stages, sched, stream)
-                  : LaunchHeadDim<T, 64>(q, k, v, hp, grid, stages, sched, stream);
+                       dim3 grid, int D, const HopperKnobs& c, cudaStream_t stream) {
+  return D == 128 ? LaunchHeadDim<T, 128>(q, k, v, hp, grid, c, stream)
+                  : LaunchHeadDim<T, 64>(q, k, v, hp, grid, c, stream);
 }
 
 }  // namespace
@@ -694,21 +711,22 @@ int DeviceInfo() {
 
 bool HopperAttentionAvailable() { return (DeviceInfo() & 1) != 0; }
 
-bool HopperAttentionBuilt(int stages, int sched) {
-  return (stages == 2 && sched >= 0 && sched <= 2) || (stages == 3 && (sched == 1 || sched == 2));
+bool HopperAttentionBuilt(const HopperKnobs& c) {
+  if (c.stages == 3) return c.sched == 1 && c.stage_o;
+  return c.stages == 2 && ((c.sched == 0 && c.stage_o) || c.sched == 1 || c.sched == 2);
 }
 
 bool HopperAttentionSupports(DType dtype, int D) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && (D == 64 || D == 128);
 }
 
-CudaStatus LaunchAttentionHopper(const AttentionParams& a, int stages, int sched, cudaStream_t stream) {
+CudaStatus LaunchAttentionHopper(const AttentionParams& a, const HopperKnobs& c, cudaStream_t stream) {
   if (!HopperAttentionSupports(a.dtype, a.D)) {
     return CudaStatus::Unsupported("attention_hopper: needs bf16/fp16 and head dim 64 or 128");
   }
-  if (!HopperAttentionBuilt(stages, sched)) {
-    return CudaStatus::Error("attention_hopper: no kernel with " + std::to_string(stages) + " stages and schedule " +
-                             std::to_string(sched));
+  if (!HopperAttentionBuilt(c)) {
+    return CudaStatus::Error("attention_hopper: no kernel with " + std::to_string(c.stages) + " stages, schedule " +
+                             std::to_string(c.sched) + (c.stage_o ? ", staged O" : ", direct O"));
   }
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention: Hq must be a multiple of Hkv");
   if (a.T == 0 || a.B == 0 || a.max_seqlen == 0) return CudaStatus::Ok();
@@ -726,8 +744,8 @@ CudaStatus LaunchAttentionHopper(const AttentionParams& a, int stages, int sched
   const HopperParams hp{a.o, a.seq_lens, a.B, a.Hq, a.Hq / a.Hkv, m_blocks, a.scale * kLog2e, a.causal};
   // Persistent: one CTA per SM (the shared memory allows no second).
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(1, DeviceInfo() >> 1))));
-  if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, stages, sched, stream);
-  return LaunchDtype<__half>(q, k, v, hp, grid, a.D, stages, sched, stream);
+  if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, c, stream);
+  return LaunchDtype<__half>(q, k, v, hp, grid, a.D, c, stream);
 }
 
 }  // namespace fusedserve::cuda

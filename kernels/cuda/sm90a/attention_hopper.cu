@@ -18,12 +18,14 @@
 // while P(j)V(j) still runs (FA3's intra-warpgroup pipelining). 2: that plus
 // ping-pong between the two consumer warpgroups: named barriers make them
 // take turns issuing their GEMMs, so one's softmax runs under the other's
-// GEMMs and the tensor cores see one stream of work. Key tiles run from the last to the first, so the one causal
-// diagonal tile (masked) comes first and fully masked tiles are never loaded.
+// GEMMs and the tensor cores see one stream of work. Key tiles run from the
+// last to the first, so the one causal diagonal tile (masked) comes first
+// and fully masked tiles are never loaded.
 // Packed varlen: the tensor maps cover the whole [T, H, D] tensors; a tile
 // starts at its sequence's offset, rows past the sequence belong to the next
 // one (masked out of the scores, never stored) or lie past T (TMA fills
-// zeros). O is written with ordinary masked stores.
+// zeros). O is written with ordinary masked stores (staged through shared
+// memory for 16-byte row stores with kStageO where it fits), never TMA.
 #include <cuda.h>  // CUtensorMap and the encoder's types; the function itself comes through the runtime
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>

@@ -11,7 +11,7 @@
 // Times are medians of per-launch event timings, after warm-up; input sets
 // are rotated until one pass touches >= 256 MB so L2 does not flatter.
 // Shapes: the model shapes of tests/gpu/op_cases.h (Llama-3-8B's dims).
-// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|decode|gemm_algos]]
+// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos]]
 // (gemm_algos: cuBLASLt's heuristic list on the large GEMMs, timed; not in the default run)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -651,6 +651,10 @@ int main(int argc, char** argv) {
     SwigluMlp(lt, 16, 136);
     SwigluMlp(lt, 256, 169);
     SwigluMlp(lt, 4096, 1971);
+  }
+  if (only.rfind("prefill:", 0) == 0) {  // "prefill:B:S", one shape (for a profiler)
+    int64_t b = 0, sl = 0;
+    if (std::sscanf(only.c_str(), "prefill:%ld:%ld", &b, &sl) == 2) Prefill(b, sl, 1, 1);
   }
   if (only.empty() || only == "prefill") {
     Prefill(1, 512, 21.80, 15.01);

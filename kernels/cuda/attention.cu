@@ -12,7 +12,9 @@
 //     the A fragments of P and accumulates O += P V on tensor cores. Warps
 //     whose rows lie entirely above a causal tile skip it; O is rescaled only
 //     when some row's max moved. Heavy (late) query blocks are launched first.
-//     mma.sync, not wgmma: the build targets sm_90, and wgmma needs sm_90a.
+//     mma.sync, not wgmma: this file builds for sm_90 (and older GPUs); the
+//     wgmma kernel is kernels/cuda/sm90a/attention_hopper.cu, picked at run
+//     time on compute capability 9.0 (this one stays the fallback).
 //   SimtAttnKernel (decode, all dtypes; fp32 prefill): a CTA owns G q heads
 //     that share one kv head, for one query and one split of its keys. Lanes
 //     hold 16-byte slices of a key row (D/8 lanes per row for 16-bit types),
@@ -28,6 +30,7 @@
 #include <cmath>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_hopper.h"
 #include "kernels/cuda/common.cuh"
 
 namespace fusedserve::cuda {
@@ -729,10 +732,25 @@ CudaStatus LaunchSimt(DType dtype, const SimtParams& p, int D, int queries, cuda
 
 bool AttentionHeadDimSupported(int D) { return D == 64 || D == 128; }
 
-std::string FormatAttentionConfig(const AttentionConfig& c) { return FormatConfigInts("mw", {c.block_m, c.warps}); }
+std::string FormatAttentionConfig(const AttentionConfig& c) {
+  if (c.hopper_stages > 0) {
+    return FormatConfigInts("hsoe", {128, c.hopper_stages, c.hopper_sched, c.hopper_stage_o ? 1 : 0});
+  }
+  return FormatConfigInts("mw", {c.block_m, c.warps});
+}
 
 bool ParseAttentionConfig(const std::string& s, AttentionConfig* c) {
   std::vector<int> v;
+  if (ParseConfigInts(s, "hsoe", &v)) {
+    if (v[0] != 128 || v[3] > 1 || !HopperAttentionBuilt(HopperKnobs{v[1], v[2], v[3] == 1})) return false;
+    AttentionConfig h;
+    h.block_m = 128;
+    h.hopper_stages = v[1];
+    h.hopper_sched = v[2];
+    h.hopper_stage_o = v[3] == 1;
+    *c = h;
+    return true;
+  }
   if (!ParseConfigInts(s, "mw", &v)) return false;
   const bool known = (v[0] == 128 && (v[1] == 4 || v[1] == 8)) || (v[0] == 64 && v[1] == 4);
   if (!known) return false;
@@ -740,7 +758,28 @@ bool ParseAttentionConfig(const std::string& s, AttentionConfig* c) {
   return true;
 }
 
+namespace {
+// The Hopper kernel's default knobs (bench/notes/attention_hopper.md).
+AttentionConfig HopperDefault() {
+  AttentionConfig h;
+  h.block_m = 128;
+  h.hopper_stages = 2;
+  h.hopper_sched = 2;
+  h.hopper_stage_o = true;
+  return h;
+}
+bool UseHopper(DType dtype, int D) { return HopperAttentionSupports(dtype, D) && HopperAttentionAvailable(); }
+}  // namespace
+
 AttentionConfig DefaultAttentionConfig(const AttentionParams& a, int sm_count) {
+  if (UseHopper(a.dtype, a.D)) {
+    // Measured (bench/notes/attention_hopper.md): ping-pong (o2) wins up to
+    // S=2048 (B=4 S=512: 41.3 vs 44.0 us), plain overlap (o1) on long
+    // sequences (B=4 S=8192: 3555 vs 3744 us).
+    AttentionConfig h = HopperDefault();
+    if (a.max_seqlen >= 4096) h.hopper_sched = 1;
+    return h;
+  }
   // Measured B=1 S=2048 Hq=32 (512 CTAs of 128 rows): 154 us with 64 rows,
   // 167 us with 128; B=4 S=2048 the other way, 513 vs 496 us.
   const int64_t ctas128 = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;
@@ -749,11 +788,30 @@ AttentionConfig DefaultAttentionConfig(const AttentionParams& a, int sm_count) {
 
 std::vector<AttentionConfig> AttentionCandidates(DType dtype) {
   if (dtype == DType::kF32) return {{128, 4}};  // the fp32 path has no block size
-  return {{128, 4}, {64, 4}, {128, 8}};
+  std::vector<AttentionConfig> c;
+  if (UseHopper(dtype, 128)) {            // every head dim the kernels take
+    AttentionConfig h = HopperDefault();  // s2.o2.e1
+    c.push_back(h);
+    h.hopper_stage_o = false;  // s2.o2.e0
+    c.push_back(h);
+    h.hopper_sched = 1;  // s2.o1.e0
+    c.push_back(h);
+    h.hopper_stage_o = true;  // s2.o1.e1
+    c.push_back(h);
+    h.hopper_sched = 0;  // s2.o0.e1
+    c.push_back(h);
+    h.hopper_stages = 3;  // s3.o1.e1
+    h.hopper_sched = 1;
+    c.push_back(h);
+  }
+  c.push_back({128, 4});
+  c.push_back({64, 4});
+  c.push_back({128, 8});
+  return c;
 }
 
 CudaStatus LaunchAttentionPrefill(const AttentionParams& a, const AttentionConfig& c, cudaStream_t stream) {
-  const int block_m = c.block_m, warps = c.warps;
+  int block_m = c.block_m, warps = c.warps;
   if (!AttentionHeadDimSupported(a.D)) {
     return CudaStatus::Unsupported("attention: head dim " + std::to_string(a.D) + " not supported (64 or 128)");
   }
@@ -763,6 +821,12 @@ CudaStatus LaunchAttentionPrefill(const AttentionParams& a, const AttentionConfi
     return CudaStatus::Error("attention: q, k, v, o must be 16-byte aligned");
   }
   if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
+  if (c.hopper_stages > 0) {
+    if (UseHopper(a.dtype, a.D))
+      return LaunchAttentionHopper(a, HopperKnobs{c.hopper_stages, c.hopper_sched, c.hopper_stage_o}, stream);
+    block_m = 128;  // not a Hopper GPU (or fp32): the mma.sync shape
+    warps = 4;
+  }
   switch (a.dtype) {
     case DType::kBF16:
       return LaunchFlashDtype<__nv_bfloat16>(a, block_m, warps, stream);

@@ -41,20 +41,32 @@ bool AttentionHeadDimSupported(int D);
 //   m128.w4: 32 rows per warp, each K/V fragment feeds two MMAs
 //   m64.w4:  16 rows per warp, Q fragments kept in registers
 //   m128.w8: 16 rows per warp, Q in registers
+// or, on compute capability 9.0 for bf16/fp16, the Hopper wgmma + TMA kernel
+// (attention_hopper.h): "h128.s<stages>.o<schedule>.e<staged O>", 128
+// query rows and 128-key tiles, 2 or 3 K/V stages; schedule 0: softmax
+// between the GEMMs, 1: overlapped with the next tile's GEMMs, 2: that plus
+// ping-pong between the two consumer warpgroups; e1: O stored through shared
+// memory (HopperAttentionBuilt says which are built).
 // Format "m128.w4" (kernels/cuda/config.h). The fp32 path has one shape.
 struct AttentionConfig {
   int block_m = 0;  // 0: not set (the dispatch uses the default)
   int warps = 4;
+  int hopper_stages = 0;  // > 0: the Hopper kernel with this many K/V stages
+  int hopper_sched = 2;
+  bool hopper_stage_o = true;
 };
 std::string FormatAttentionConfig(const AttentionConfig& c);
-// False (and *c untouched) unless `s` is one of the three shapes above.
+// False (and *c untouched) unless `s` is one of the shapes above.
 bool ParseAttentionConfig(const std::string& s, AttentionConfig* c);
-// The untuned shape: 64-row CTAs (4 warps) while 128-row ones would give the
-// SMs (two CTAs each) fewer than two waves.
+// The untuned shape: the Hopper kernel where it runs (bf16/fp16 on
+// compute capability 9.0), else 64-row CTAs (4 warps) while 128-row ones
+// would give the SMs (two CTAs each) fewer than two waves.
 AttentionConfig DefaultAttentionConfig(const AttentionParams& p, int sm_count);
-// Candidates worth timing; the first is valid for every shape.
+// Candidates worth timing on the current device; the first is valid for
+// every shape of the dtype.
 std::vector<AttentionConfig> AttentionCandidates(DType dtype);
-// Any config other than the three shapes is an error.
+// Any config other than the shapes above is an error. A Hopper config on
+// another GPU (or for fp32) runs the mma.sync m128.w4 shape (fp32: SIMT).
 CudaStatus LaunchAttentionPrefill(const AttentionParams& p, const AttentionConfig& c, cudaStream_t stream);
 
 struct DecodeParams {

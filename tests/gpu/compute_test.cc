@@ -324,6 +324,42 @@ TEST_F(ComputeTest, AttentionPrefillVarlenAndFull) {
   CheckPrefill({DType::kF16, {129, 7}, 8, 8, 128, true}, 709, {"m128.w4"});
 }
 
+// The Hopper wgmma + TMA kernel (h128.*; "" is it on compute capability 9.0,
+// and on other GPUs these configs run the mma.sync kernel): 128-row query
+// tiles and 128-key tiles, so the edges are at 64 (a consumer warpgroup's
+// rows) and 128; GQA 1/4/8, both head dims and dtypes, causal and not.
+const std::vector<std::string> kHopperConfigs = {"",           "h128.s2.o2", "h128.s2.o1",
+                                                 "h128.s3.o2", "h128.s3.o1", "h128.s2.o0"};
+
+TEST_F(ComputeTest, AttentionPrefillHopperTileEdges) {
+  uint64_t seed = 900;
+  int n = 0;
+  for (int64_t S : {1, 63, 64, 65, 127, 129, 1000}) {
+    for (auto [Hq, Hkv] : {std::pair<int64_t, int64_t>{2, 2}, {8, 2}, {8, 1}}) {
+      for (int64_t D : {64, 128}) {
+        for (bool causal : {true, false}) {
+          const DType dt = (n++ % 2 == 0) ? DType::kBF16 : DType::kF16;
+          CheckPrefill({dt, {S}, Hq, Hkv, D, causal}, seed += 3, kHopperConfigs);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(ComputeTest, AttentionPrefillHopperLong) {
+  CheckPrefill({DType::kBF16, {4097}, 4, 1, 128, true}, 950, kHopperConfigs);
+  CheckPrefill({DType::kF16, {4097}, 8, 1, 64, false}, 953, kHopperConfigs);
+}
+
+TEST_F(ComputeTest, AttentionPrefillHopperVarlen) {
+  const std::vector<int64_t> mix = {1, 63, 64, 65, 127, 1000, 130};
+  CheckPrefill({DType::kBF16, mix, 8, 2, 128, true}, 960, kHopperConfigs);
+  CheckPrefill({DType::kBF16, mix, 8, 2, 128, false}, 963, kHopperConfigs);
+  CheckPrefill({DType::kF16, mix, 8, 1, 64, true}, 966, kHopperConfigs);
+  CheckPrefill({DType::kF16, mix, 4, 4, 64, false}, 969, kHopperConfigs);
+  CheckPrefill({DType::kBF16, {4097, 65, 1, 64}, 4, 1, 128, true}, 972, kHopperConfigs);
+}
+
 TEST_F(ComputeTest, AttentionPrefillFp32) {
   CheckPrefill({DType::kF32, {63, 65}, 4, 1, 64, true}, 800, {""});
   CheckPrefill({DType::kF32, {1, 100}, 8, 2, 128, false}, 803, {""});

@@ -1,0 +1,39 @@
+// Hopper (sm_90a) flash-attention prefill (kernels/cuda/sm90a/
+// attention_hopper.cu): the same problem as LaunchAttentionPrefill's
+// mma.sync kernel (packed varlen, GQA, causal or not, D 64/128, bf16/fp16)
+// on wgmma fed by TMA. Plain header: no CUDA driver or gRPC types.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace fusedserve::cuda {
+
+// True when the current device is compute capability 9.0 (the kernel is
+// built for sm_90a only); queried once per device and cached.
+bool HopperAttentionAvailable();
+
+// Whether the Hopper kernel covers this problem's dtype and head dim.
+bool HopperAttentionSupports(DType dtype, int D);
+
+// Kernel knobs. `stages`: K/V shared-memory stages (2 or 3). `sched` 0: each
+// key tile's S, softmax and P V in sequence; 1: the softmax of tile j runs
+// while the tensor cores do S(j+1) and P(j-1)V (FlashAttention-3's
+// intra-warpgroup pipelining); 2: that plus ping-pong between the two
+// consumer warpgroups. `stage_o`: O leaves through shared memory as
+// coalesced 16-byte row stores (where it fits: not D=128 with 3 stages)
+// instead of 4-byte stores from the accumulators.
+struct HopperKnobs {
+  int stages = 2;
+  int sched = 2;
+  bool stage_o = true;
+};
+// Built: stages 2 with sched 1-2 either way and sched 0 staged; stages 3
+// with sched 1 staged.
+bool HopperAttentionBuilt(const HopperKnobs& c);
+// Validates like LaunchAttentionPrefill; the caller checks availability.
+CudaStatus LaunchAttentionHopper(const AttentionParams& p, const HopperKnobs& c, cudaStream_t stream);
+
+}  // namespace fusedserve::cuda

@@ -1,0 +1,753 @@
+// Hopper flash-attention prefill (see kernels/cuda/attention_hopper.h),
+// FlashAttention-3 style, built for sm_90a only (CMake's sm90a object
+// library). Persistent CTAs (one per SM) walk 128-row query tiles of one
+// (sequence, q head) each, heaviest first; a CTA:
+//   warpgroup 0 (producer, 24 registers): one thread issues TMA loads of the
+//     Q tile and of 128-key K and V tiles into 128B-swizzled shared memory,
+//     kStages deep, each K and V stage (and Q) guarded by full
+//     (transaction-count) and empty mbarriers, so the next tile's Q and K/V
+//     load while the consumers finish the last one;
+//   warpgroups 1 and 2 (consumers, 240 registers): 64 query rows each;
+//     S = Q K^T by wgmma with both operands in shared memory, the causal /
+//     length mask on the tiles that need it, online softmax in registers
+//     (exp2, scale folded in), then O += P V by wgmma with P (the S
+//     accumulators rounded to 16 bits) as the register A operand and V read
+//     MN-major (transposed) from shared memory.
+// kSched 0: each key tile in sequence (S, softmax, P V). 1: the consumer
+// issues S(j+1) and P(j)V(j) back to back and does the softmax of tile j+1
+// while P(j)V(j) still runs (FA3's intra-warpgroup pipelining). 2: that plus
+// ping-pong between the two consumer warpgroups: named barriers make them
+// take turns issuing their GEMMs, so one's softmax runs under the other's
+// GEMMs and the tensor cores see one stream of work. Key tiles run from the
+// last to the first, so the one causal diagonal tile (masked) comes first
+// and fully masked tiles are never loaded.
+// Packed varlen: the tensor maps cover the whole [T, H, D] tensors; a tile
+// starts at its sequence's offset, rows past the sequence belong to the next
+// one (masked out of the scores, never stored) or lie past T (TMA fills
+// zeros). O is written with ordinary masked stores (staged through shared
+// memory for 16-byte row stores with kStageO where it fits), never TMA.
+#include <cuda.h>  // CUtensorMap and the encoder's types; the function itself comes through the runtime
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/attention_hopper.h"
+#include "kernels/cuda/common.cuh"
+
+namespace fusedserve::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64
+constexpr int kBlockN = 128;  // keys per K/V tile
+constexpr int kThreads = 384;
+constexpr int kAtomCols = 64;    // 16-bit columns in one 128-byte swizzle row
+constexpr int kAtomBytes = 128;  // bytes per row of a swizzle atom
+
+template <int kD, int kStages, bool kStageORequested>
+struct HopperLayout {
+  static constexpr int kQBytes = kBlockM * kD * 2;
+  static constexpr int kKVBytes = kBlockN * kD * 2;  // one K (or V) stage
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQBytes;
+  static constexpr int kV = kK + kStages * kKVBytes;
+  static constexpr int kO = kV + kStages * kKVBytes;
+  // O goes out through shared memory (coalesced 16-byte row stores) when
+  // asked for and it fits; else straight from the accumulators (4-byte
+  // stores).
+  static constexpr int kOBytes = kBlockM * kD * 2;
+  static constexpr int kBarNoStage = kO;
+  static constexpr int kBarStage = kO + kOBytes;
+  // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages],
+  // v_empty[kStages]; 1 KB of slack to align the base to the 1024-byte
+  // swizzle period.
+  static constexpr int kBarBytes = (2 + 4 * kStages) * 8 + 1024;
+  static constexpr bool kStageO = kStageORequested && kBarStage + kBarBytes <= 227 * 1024;
+  static constexpr int kBar = kStageO ? kBarStage : kBarNoStage;
+  static constexpr int kBytes = kBar + kBarBytes;
+  static_assert(kBytes <= 227 * 1024, "shared memory");
+};
+
+struct HopperParams {
+  void* o;                  // [T,Hq,D]
+  const int32_t* seq_lens;  // [B]
+  int B, Hq, group;         // group = Hq / Hkv
+  int m_blocks;             // 128-row query blocks of the longest sequence
+  float scale_log2;         // scale * log2(e)
+  bool causal;
+};
+
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Sum of seq_lens[0..b): the packed offset of sequence b (warp-cooperative).
+__device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, int b) {
+  int s = 0;
+  for (int i = threadIdx.x & 31; i < b; i += 32) s += lens[i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---- mbarrier and TMA -------------------------------------------------------
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+// One box of a 3D map ({column, head, row} coordinates) into shared memory,
+// completing on `bar` with its byte count.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// ---- wgmma ------------------------------------------------------------------
+
+// Shared-memory matrix descriptor, 128B swizzle: start address, leading and
+// stride byte offsets in 16-byte units. K-major tiles (Q, K) use SBO = 1024
+// (8 rows of 128 bytes); V read MN-major also uses LBO = the distance between
+// its 64-column atoms.
+__device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving register reads/writes across an async
+// wgmma's issue or wait (its operands are live until the wait).
+template <int N>
+__device__ __forceinline__ void FenceRegs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void FenceRegs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+// D[64 x N] (+)= A[64 x 16] B[16 x N]: A and B K-major in shared memory.
+template <typename T, int N>
+__device__ __forceinline__ void WgmmaSS(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);
+// D[64 x N] += A[64 x 16] (registers) B[16 x N] (shared memory, MN-major).
+template <typename T, int N>
+__device__ __forceinline__ void WgmmaRS(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int scale_d);
+
+// clang-format off
+template <>
+__device__ __forceinline__ void WgmmaRS<__nv_bfloat16, 64>(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaRS<__half, 64>(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSS<__nv_bfloat16, 128>(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaRS<__nv_bfloat16, 128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaSS<__half, 128>(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void WgmmaRS<__half, 128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+// clang-format on
+
+// ---- the kernel ---------------------------------------------------------------
+
+template <typename T, int kD, int kStages, int kSched, bool kStageO>
+__global__ void __launch_bounds__(kThreads, 1)
+    HopperFlashKernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                      const __grid_constant__ CUtensorMap tm_v, const HopperParams p) {
+  using L = HopperLayout<kD, kStages, kStageO>;
+  constexpr int kAtoms = kD / kAtomCols;  // 64-column swizzle atoms per row
+  constexpr int kSRegs = kBlockN / 2;     // S accumulators per thread
+  constexpr int kORegs = kD / 2;          // O accumulators per thread
+  constexpr int kPSteps = kBlockN / 16;   // k16 steps of P V
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV, bar = base + L::kBar;
+  uint8_t* const sO = smem_raw + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw))) + L::kO;
+  const uint32_t q_full = bar, q_empty = bar + 8;
+  auto k_full = [&](int s) { return bar + 8u * (2 + s); };
+  auto v_full = [&](int s) { return bar + 8u * (2 + kStages + s); };
+  auto k_empty = [&](int s) { return bar + 8u * (2 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bar + 8u * (2 + 3 * kStages + s); };
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    MbarInit(q_full, 1);
+    MbarInit(q_empty, 8);  // lane 0 of each consumer warp
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(k_full(s), 1);
+      MbarInit(v_full(s), 1);
+      MbarInit(k_empty(s), 8);
+      MbarInit(v_empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // Persistent CTAs: tile t = (m block, head, sequence) with the heaviest
+  // (last) m blocks first; in round r CTA c takes tile r G + c (even r) or
+  // r G + G - 1 - c (odd r), G = gridDim.x: the snake order evens out the
+  // causal work (round-robin gave CTA 0 40 key tiles and CTA 131 24 at
+  // B=1 S=2048). Producer and consumers walk the same list, so their
+  // barrier phases stay in step.
+  const int heads_x_seqs = p.Hq * p.B;
+  const int n_tiles = p.m_blocks * heads_x_seqs;
+  const int grid = gridDim.x;
+  const int n_rounds = (n_tiles + grid - 1) / grid;
+  const int cta = static_cast<int>(blockIdx.x);
+  auto snake = [&](int r) { return r * grid + ((r & 1) ? grid - 1 - cta : cta); };
+  struct Tile {
+    int m_block, h, b, seqlen, seq_start, n_blocks;
+  };
+  // Warp-cooperative (SequenceStart); false for tiles past their sequence.
+  auto decode = [&](int t, Tile* tile) {
+    const int r = t % heads_x_seqs;
+    tile->m_block = p.m_blocks - 1 - t / heads_x_seqs;
+    tile->h = r % p.Hq;
+    tile->b = r / p.Hq;
+    tile->seqlen = p.seq_lens[tile->b];
+    if (tile->m_block * kBlockM >= tile->seqlen) return false;
+    tile->seq_start = SequenceStart(p.seq_lens, tile->b);
+    const int all = (tile->seqlen + kBlockN - 1) / kBlockN;
+    tile->n_blocks = p.causal ? min(all, ((tile->m_block + 1) * kBlockM + kBlockN - 1) / kBlockN) : all;
+    return true;
+  };
+
+  if (warp < 4) {
+    // Producer warpgroup: warp 0 walks the tiles, its lane 0 issues every copy
+    // (Q; then K0, K1, V0, K2, V1, ...: the order the consumers need them).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (warp != 0) return;
+    int it = 0, qi = 0;  // K/V tiles and Q tiles issued so far
+    for (int r = 0; r < n_rounds; ++r) {
+      const int t = snake(r);
+      Tile tile;
+      if (t >= n_tiles || !decode(t, &tile)) continue;
+      if (lane == 0) {
+        const int kvh = tile.h / p.group;
+        MbarWait(q_empty, (qi & 1) ^ 1);  // the consumers are done with the previous Q
+        MbarExpectTx(q_full, L::kQBytes);
+#pragma unroll
+        for (int a = 0; a < kAtoms; ++a) {
+          TmaLoad3d(sQ + a * kBlockM * kAtomBytes, &tm_q, q_full, a * kAtomCols, tile.h,
+                    tile.seq_start + tile.m_block * kBlockM);
+        }
+        auto load_k = [&](int i) {
+          const int j = it + i, s = j % kStages;
+          MbarWait(k_empty(s), ((j / kStages) & 1) ^ 1);
+          MbarExpectTx(k_full(s), L::kKVBytes);
+          const int row = tile.seq_start + (tile.n_blocks - 1 - i) * kBlockN;
+#pragma unroll
+          for (int a = 0; a < kAtoms; ++a) {
+            TmaLoad3d(sK + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_k, k_full(s), a * kAtomCols, kvh, row);
+          }
+        };
+        auto load_v = [&](int i) {
+          const int j = it + i, s = j % kStages;
+          MbarWait(v_empty(s), ((j / kStages) & 1) ^ 1);
+          MbarExpectTx(v_full(s), L::kKVBytes);
+          const int row = tile.seq_start + (tile.n_blocks - 1 - i) * kBlockN;
+#pragma unroll
+          for (int a = 0; a < kAtoms; ++a) {
+            TmaLoad3d(sV + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_v, v_full(s), a * kAtomCols, kvh, row);
+          }
+        };
+        load_k(0);
+        for (int i = 0; i < tile.n_blocks; ++i) {
+          if (i + 1 < tile.n_blocks) load_k(i + 1);
+          load_v(i);
+        }
+      }
+      it += tile.n_blocks;
+      ++qi;
+    }
+    return;
+  }
+
+  // Consumer warpgroups.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int wg = warp / 4 - 1, wq = warp % 4;
+  const float scale_log2 = p.scale_log2;
+  float o[kORegs];
+  float s[kSRegs];
+  uint32_t pa[kPSteps][4];
+  float row_max[2], row_sum[2];
+  int it = 0, qi = 0;
+
+  auto qk = [&](int stage) {
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t qa = sQ + (kk / 4) * kBlockM * kAtomBytes + wg * 64 * kAtomBytes + (kk % 4) * 32;
+      const uint32_t kb = sK + stage * L::kKVBytes + (kk / 4) * kBlockN * kAtomBytes + (kk % 4) * 32;
+      WgmmaSS<T, kBlockN>(s, Desc(qa, 16, 1024), Desc(kb, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+  };
+  auto pv = [&](int stage) {
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const uint32_t vb = sV + stage * L::kKVBytes + kk * 16 * kAtomBytes;
+      WgmmaRS<T, kD>(o, pa[kk], Desc(vb, kBlockN * kAtomBytes, 1024), 1);
+    }
+    WgmmaCommit();
+  };
+  auto rescale = [&](const float(&alpha)[2]) {
+    // Once the running maxima settle most tiles move no row's max.
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      o[4 * i] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+  };
+  // The S accumulator layout of two n8 tiles is the A fragment of one k16 step.
+  auto to_p = [&]() {
+#pragma unroll
+    for (int j = 0; j < kPSteps; ++j) {
+      pa[j][0] = Pack2<T>(s[8 * j], s[8 * j + 1]);
+      pa[j][1] = Pack2<T>(s[8 * j + 2], s[8 * j + 3]);
+      pa[j][2] = Pack2<T>(s[8 * j + 4], s[8 * j + 5]);
+      pa[j][3] = Pack2<T>(s[8 * j + 6], s[8 * j + 7]);
+    }
+  };
+  auto release = [&](uint32_t barrier) {
+    if (lane == 0) MbarArrive(barrier);
+  };
+  // Ping-pong (kSched 2): named barrier 1 + w is warpgroup w's turn to issue.
+  // The other warpgroup arrives on it after issuing its own GEMMs; warpgroup
+  // 1 arrives once up front so warpgroup 0 goes first.
+  auto my_turn = [&]() {
+    if constexpr (kSched == 2) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  };
+  auto their_turn = [&]() {
+    if constexpr (kSched == 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+  };
+  if (wg == 1) their_turn();
+
+  // This CTA's first round from r on whose tile has rows; n_rounds if none.
+  auto next_tile = [&](int r, Tile* tile) {
+    for (; r < n_rounds; ++r) {
+      const int t = snake(r);
+      if (t < n_tiles && decode(t, tile)) return r;
+    }
+    return n_rounds;
+  };
+  Tile tile{}, next{};
+  int round = next_tile(0, &tile), round_next = n_rounds;
+  // The next tile's decode (global loads) runs under the first GEMM.
+  auto prefetch_next = [&]() { round_next = next_tile(round + 1, &next); };
+  while (round < n_rounds) {
+    const int seqlen = tile.seqlen, n_blocks = tile.n_blocks;
+    const int wg_row_min = tile.m_block * kBlockM + wg * 64;               // first query row of this warpgroup
+    const int row0 = wg_row_min + wq * 16 + (lane >> 2), row1 = row0 + 8;  // this thread's two rows
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+
+    // Masks tile nb's scores, updates the running max/sum, turns s into
+    // unnormalized probabilities; alpha: the factor O must be rescaled by.
+    auto softmax = [&](int nb, float(&alpha)[2]) {
+      const int key0 = nb * kBlockN;
+      if (key0 + kBlockN > seqlen || (p.causal && key0 + kBlockN - 1 > wg_row_min)) {
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = key0 + i * 8 + 2 * (lane & 3) + (e & 1);
+            const int row = e < 2 ? row0 : row1;
+            if (col >= seqlen || (p.causal && col > row)) s[4 * i + e] = -INFINITY;
+          }
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * half], s[4 * i + 2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[half], mx * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // fully masked so far: p = 0, no NaN
+        alpha[half] = FastExp2(row_max[half] - m_use);
+        row_max[half] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kBlockN / 8; ++i) {
+          s[4 * i + 2 * half] = FastExp2(fmaf(s[4 * i + 2 * half], scale_log2, -m_use));
+          s[4 * i + 2 * half + 1] = FastExp2(fmaf(s[4 * i + 2 * half + 1], scale_log2, -m_use));
+          sum += s[4 * i + 2 * half] + s[4 * i + 2 * half + 1];
+        }
+        row_sum[half] = row_sum[half] * alpha[half] + sum;
+      }
+    };
+
+    MbarWait(q_full, qi & 1);
+    if constexpr (kSched == 0) {
+      for (int i = 0; i < n_blocks; ++i) {
+        const int j = it + i, stage = j % kStages;
+        const uint32_t parity = (j / kStages) & 1;
+        MbarWait(k_full(stage), parity);
+        qk(stage);
+        if (i == 0) prefetch_next();
+        WgmmaWait<0>();
+        FenceRegs(s);
+        release(k_empty(stage));
+        if (i == n_blocks - 1) release(q_empty);
+        float alpha[2];
+        softmax(n_blocks - 1 - i, alpha);
+        rescale(alpha);
+        to_p();
+        MbarWait(v_full(stage), parity);
+        pv(stage);
+        WgmmaWait<0>();
+        FenceRegs(o);
+        FenceRegs(pa);
+        release(v_empty(stage));
+      }
+    } else {
+      int stage = it % kStages;
+      MbarWait(k_full(stage), (it / kStages) & 1);
+      my_turn();
+      qk(stage);
+      their_turn();
+      prefetch_next();
+      WgmmaWait<0>();
+      FenceRegs(s);
+      release(k_empty(stage));
+      {
+        float alpha[2];
+        softmax(n_blocks - 1, alpha);  // O is still zero: nothing to rescale
+      }
+      to_p();
+      for (int i = 1; i < n_blocks; ++i) {
+        const int j = it + i, prev = (j - 1) % kStages;
+        stage = j % kStages;
+        MbarWait(k_full(stage), (j / kStages) & 1);
+        MbarWait(v_full(prev), ((j - 1) / kStages) & 1);
+        my_turn();
+        qk(stage);
+        pv(prev);
+        their_turn();
+        WgmmaWait<1>();  // S(i) is done; P(i-1) V(i-1) may still run
+        FenceRegs(s);
+        release(k_empty(stage));
+        float alpha[2];
+        softmax(n_blocks - 1 - i, alpha);
+        WgmmaWait<0>();
+        FenceRegs(o);
+        FenceRegs(pa);
+        release(v_empty(prev));
+        rescale(alpha);
+        to_p();
+      }
+      release(q_empty);  // every S of this tile is done
+      const int j = it + n_blocks - 1;
+      stage = j % kStages;
+      MbarWait(v_full(stage), (j / kStages) & 1);
+      my_turn();
+      pv(stage);
+      their_turn();
+      WgmmaWait<0>();
+      FenceRegs(o);
+      FenceRegs(pa);
+      release(v_empty(stage));
+    }
+    it += n_blocks;
+    ++qi;
+
+    // Normalize and store the rows inside the sequence.
+    T* gO = static_cast<T*>(p.o) + (static_cast<int64_t>(tile.seq_start) * p.Hq + tile.h) * kD;
+    float inv[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = row_sum[half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[half] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+    if constexpr (L::kStageO) {  // (only when asked for and it fits)
+      // Each warp stages its 16 rows (16-byte chunks XOR-swizzled by row, so
+      // the 8 rows a store instruction touches hit different banks), then
+      // writes whole rows with 16-byte stores.
+      constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+      uint8_t* const wO = sO + (wg * 64 + wq * 16) * kD * 2;
+      const int g = lane >> 2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = g + 8 * half;
+#pragma unroll
+        for (int i = 0; i < kChunks; ++i) {
+          *reinterpret_cast<uint32_t*>(wO + r * kD * 2 + ((i ^ (r & 7)) << 4) + 4 * (lane & 3)) =
+              Pack2<T>(o[4 * i + 2 * half] * inv[half], o[4 * i + 2 * half + 1] * inv[half]);
+        }
+      }
+      __syncwarp();
+      constexpr int kRowsPerPass = 32 / kChunks;
+      const int c = lane % kChunks;
+      const int warp_row0 = tile.m_block * kBlockM + wg * 64 + wq * 16;
+#pragma unroll
+      for (int pass = 0; pass < 16 / kRowsPerPass; ++pass) {
+        const int r = pass * kRowsPerPass + lane / kChunks;
+        const uint4 v = *reinterpret_cast<const uint4*>(wO + r * kD * 2 + ((c ^ (r & 7)) << 4));
+        if (warp_row0 + r < seqlen) {
+          *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(warp_row0 + r) * p.Hq * kD + c * 8) = v;
+        }
+      }
+      __syncwarp();  // the next tile's staging waits for these reads
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = half == 0 ? row0 : row1;
+        if (row < seqlen) {
+          T* dst = gO + static_cast<int64_t>(row) * p.Hq * kD + 2 * (lane & 3);
+#pragma unroll
+          for (int i = 0; i < kD / 8; ++i) {
+            *reinterpret_cast<uint32_t*>(dst + 8 * i) =
+                Pack2<T>(o[4 * i + 2 * half] * inv[half], o[4 * i + 2 * half + 1] * inv[half]);
+          }
+        }
+      }
+    }
+    tile = next;
+    round = round_next;
+  }
+  if (wg == 0) my_turn();  // takes warpgroup 1's last arrival: no barrier left pending
+}
+
+// ---- host side ------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();  // clear the error so later launch checks do not report it
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [T, H, D] tensor as a 3D map (column, head, row) with boxes of 64
+// columns x 1 head x `rows` rows, 128B-swizzled; rows past T read as zeros.
+CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int T, int H, int D, int rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return CudaStatus::Error("attention_hopper: cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(T)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(D) * 2, static_cast<cuuint64_t>(H) * D * 2};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kAtomCols), 1, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r =
+      encode(map, dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+             const_cast<void*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return CudaStatus::Error("attention_hopper: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(r) + ")");
+  }
+  return CudaStatus::Ok();
+}
+
+template <typename T, int kD, int kStages, int kSched, bool kStageO>
+CudaStatus LaunchKernel(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
+                        dim3 grid, cudaStream_t stream) {
+  auto kernel = HopperFlashKernel<T, kD, kStages, kSched, kStageO>;
+  constexpr int kSmem = HopperLayout<kD, kStages, kStageO>::kBytes;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      !s.ok())
+    return s;
+  kernel<<<grid, kThreads, kSmem, stream>>>(q, k, v, hp);
+  return FS_CUDA_CHECK_LAUNCH();
+}
+
+// The built variants (HopperAttentionBuilt).
+template <typename T, int kD>
+CudaStatus LaunchHeadDim(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
+                         dim3 grid, const HopperKnobs& c, cudaStream_t stream) {
+  if (c.stages == 3) return LaunchKernel<T, kD, 3, 1, true>(q, k, v, hp, grid, stream);
+  switch (c.sched * 2 + (c.stage_o ? 1 : 0)) {
+    case 1:
+      return LaunchKernel<T, kD, 2, 0, true>(q, k, v, hp, grid, stream);
+    case 2:
+      return LaunchKernel<T, kD, 2, 1, false>(q, k, v, hp, grid, stream);
+    case 3:
+      return LaunchKernel<T, kD, 2, 1, true>(q, k, v, hp, grid, stream);
+    case 4:
+      return LaunchKernel<T, kD, 2, 2, false>(q, k, v, hp, grid, stream);
+    default:
+      return LaunchKernel<T, kD, 2, 2, true>(q, k, v, hp, grid, stream);
+  }
+}
+
+template <typename T>
+CudaStatus LaunchDtype(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
+                       dim3 grid, int D, const HopperKnobs& c, cudaStream_t stream) {
+  return D == 128 ? LaunchHeadDim<T, 128>(q, k, v, hp, grid, c, stream)
+                  : LaunchHeadDim<T, 64>(q, k, v, hp, grid, c, stream);
+}
+
+}  // namespace
+
+namespace {
+// Per device: 0 not queried yet, else (SM count << 1) | (1 if Hopper 9.0).
+std::atomic<int> g_device_info[64];
+
+int DeviceInfo() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    return 0;
+  }
+  int v = g_device_info[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, minor = 0, sms = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
+    if (!ok) {
+      cudaGetLastError();
+      return 0;
+    }
+    const bool hopper = major == 9 && minor == 0 && TensorMapEncoder() != nullptr;
+    v = (std::max(sms, 1) << 1) | (hopper ? 1 : 0);
+    g_device_info[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+}  // namespace
+
+bool HopperAttentionAvailable() { return (DeviceInfo() & 1) != 0; }
+
+bool HopperAttentionBuilt(const HopperKnobs& c) {
+  if (c.stages == 3) return c.sched == 1 && c.stage_o;
+  return c.stages == 2 && ((c.sched == 0 && c.stage_o) || c.sched == 1 || c.sched == 2);
+}
+
+bool HopperAttentionSupports(DType dtype, int D) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && (D == 64 || D == 128);
+}
+
+CudaStatus LaunchAttentionHopper(const AttentionParams& a, const HopperKnobs& c, cudaStream_t stream) {
+  if (!HopperAttentionSupports(a.dtype, a.D)) {
+    return CudaStatus::Unsupported("attention_hopper: needs bf16/fp16 and head dim 64 or 128");
+  }
+  if (!HopperAttentionBuilt(c)) {
+    return CudaStatus::Error("attention_hopper: no kernel with " + std::to_string(c.stages) + " stages, schedule " +
+                             std::to_string(c.sched) + (c.stage_o ? ", staged O" : ", direct O"));
+  }
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention: Hq must be a multiple of Hkv");
+  if (a.T == 0 || a.B == 0 || a.max_seqlen == 0) return CudaStatus::Ok();
+  if (!Aligned16(a.q) || !Aligned16(a.k) || !Aligned16(a.v) || !Aligned16(a.o)) {
+    return CudaStatus::Error("attention: q, k, v, o must be 16-byte aligned");
+  }
+  if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
+  CUtensorMap q, k, v;
+  if (CudaStatus s = EncodeMap(&q, a.dtype, a.q, a.T, a.Hq, a.D, kBlockM); !s.ok()) return s;
+  if (CudaStatus s = EncodeMap(&k, a.dtype, a.k, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
+  if (CudaStatus s = EncodeMap(&v, a.dtype, a.v, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
+  const int m_blocks = (a.max_seqlen + kBlockM - 1) / kBlockM;
+  const int64_t tiles = static_cast<int64_t>(m_blocks) * a.Hq * a.B;
+  if (tiles > (int64_t{1} << 31) - 1) return CudaStatus::Error("attention_hopper: too many query tiles");
+  const HopperParams hp{a.o, a.seq_lens, a.B, a.Hq, a.Hq / a.Hkv, m_blocks, a.scale * kLog2e, a.causal};
+  // Persistent: one CTA per SM (the shared memory allows no second).
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(1, DeviceInfo() >> 1))));
+  if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, c, stream);
+  return LaunchDtype<__half>(q, k, v, hp, grid, a.D, c, stream);
+}
+
+}  // namespace fusedserve::cuda

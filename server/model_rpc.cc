@@ -1,6 +1,7 @@
 // Model loading, TransformerBlock validation and the Generate reactor.
 #include "server/model_rpc.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <deque>
@@ -162,11 +163,13 @@ class GenerateCall;
 // OnWriteDone on a gRPC thread, with every token queued meanwhile).
 class StreamWriters {
  public:
-  // Process-wide, started on first use; its threads live as long as the process.
-  static StreamWriters& Get() {
-    static StreamWriters* writers = new StreamWriters(2);
-    return *writers;
+  // Process-wide, started on first use with SetGenerateWriterThreads' count;
+  // its threads live as long as the process. Null with no threads.
+  static StreamWriters* Get() {
+    static StreamWriters* writers = threads_wanted > 0 ? new StreamWriters(threads_wanted) : nullptr;
+    return writers;
   }
+  static inline int threads_wanted = 2;
   void Schedule(std::shared_ptr<GenerateCall> call) {
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(call));
@@ -308,12 +311,17 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   // thread, unless a write is in flight (its OnWriteDone pumps) or the call
   // is queued there already.
   void ScheduleWrite() {
+    StreamWriters* writers = StreamWriters::Get();
+    if (writers == nullptr) {
+      Pump();
+      return;
+    }
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || write_queued_ || finish_started_) return;
       write_queued_ = true;
     }
-    StreamWriters::Get().Schedule(shared_from_this());
+    writers->Schedule(shared_from_this());
   }
   // StreamWriters thread.
   void WriteQueued() {
@@ -589,6 +597,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartGenerate(Engine* engine, Metric
   if (absl::Status s = engine->Submit(std::move(r), std::move(call)); !s.ok()) reactor->FinishNow(s);
   return reactor;
 }
+
+void SetGenerateWriterThreads(int threads) { StreamWriters::threads_wanted = std::max(0, threads); }
 
 absl::Status Tokenize(const TextSupport* text, const grpc::ByteBuffer& raw_request, grpc::ByteBuffer* raw_response) {
   v1::TokenizeRequest request;

@@ -4,24 +4,26 @@
 # runner, then Generate through gRPC with the llama-3.2-1b preset (random
 # bf16 weights) at concurrency 1, 16 and 64 (unique prompts), then the TTFT
 # of a long prompt with and without a cached prefix. Usage: run_generate_gpu.sh BUNDLE
-# (SKIP_MODEL_BENCH=1: the gRPC part only)
+# (SKIP_MODEL_BENCH=1: the gRPC part only; SERVER=name: another server binary
+# of the bundle, e.g. a base build for an A/B in the same lease)
 b=$1
+server=${SERVER:-fusedserve}
 [ "${SKIP_MODEL_BENCH:-0}" = 1 ] || "$b/env.sh" "$b/bin/gpu_model_bench"
-"$b/env.sh" "$b/bin/fusedserve" --listen=127.0.0.1:50151 --metrics_listen=127.0.0.1:9191 --tuning_cache= \
+"$b/env.sh" "$b/bin/$server" --listen=127.0.0.1:50151 --metrics_listen=127.0.0.1:9191 --tuning_cache= \
     --tune_at_startup=false --model_preset=llama-3.2-1b --max_running=64 > /tmp/srv.log 2>&1 &
 srv=$!
 for i in $(seq 1 1200); do curl -s 127.0.0.1:9191/metrics | grep -q '^fusedserve_ready 1' && break; sleep 0.1; done
 grep -E "model|SERVING|kv" /tmp/srv.log | cut -c1-200
 for c in 1 16 64; do
   "$b/env.sh" "$b/bin/fusedserve_loadgen" --target=127.0.0.1:50151 --metrics=127.0.0.1:9191 --rpc=generate \
-      --prompt_len=128 --max_new_tokens=128 --concurrency=$c --duration_s=8 --warmup_s=2 --label="generate c=$c"
+      --prompt_len=128 --max_new_tokens=128 --concurrency=$c --duration_s=8 --warmup_s=2 --label="$server generate c=$c"
 done
 # Prefix caching: TTFT of a 2048-token prompt, unique vs. its first 2032
 # tokens shared with earlier requests (the server's prefix cache).
 for shared in 0 2032; do
   "$b/env.sh" "$b/bin/fusedserve_loadgen" --target=127.0.0.1:50151 --metrics=127.0.0.1:9191 --rpc=generate \
       --prompt_len=2048 --shared_prefix_len=$shared --max_new_tokens=1 --concurrency=1 --duration_s=4 --warmup_s=1 \
-      --label="ttft prompt 2048, shared $shared"
+      --label="$server ttft prompt 2048, shared $shared"
 done
 curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(prefix_cache_hit_tokens_total|prompt_tokens_total)"
 curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(generated_tokens_total|time_per_output_token_seconds_(sum|count)|time_to_first_token_seconds_(sum|count))"

@@ -432,15 +432,17 @@ void Engine::Admit(int64_t budget) {
     {
       absl::MutexLock lock(&mu_);
       if (waiting_.empty()) break;
+      // Chunks: a new prompt starts while the step has room for part of it
+      // (known before its prefix is looked up).
+      if (chunked && budget <= 0) break;
       Sequence& head = *waiting_.front();
       const int64_t len = static_cast<int64_t>(head.tokens.size());
       // Shared blocks are never written: the last token is always computed.
       head.cached = blocks_.MatchPrefix(head.tokens.data(), len - 1, &head.blocks);
       head.published = static_cast<int64_t>(head.blocks.size());
       const int64_t need = NextChunk(head);
-      // Chunks: a new prompt starts while the step has room for part of it.
       // Whole prompts: the first admission of a step goes even over budget.
-      if ((chunked ? budget <= 0 : need > budget && admitted_prefill) || !blocks_.EnsureCapacity(&head.blocks, len)) {
+      if ((!chunked && need > budget && admitted_prefill) || !blocks_.EnsureCapacity(&head.blocks, len)) {
         blocks_.Free(&head.blocks);  // its shared blocks stay cached while it waits
         head.cached = 0;
         head.published = 0;

@@ -127,6 +127,9 @@ ABSL_FLAG(int64_t, max_block_tokens, 8192,
           "of --prefill_chunk_tokens rows between decode steps");
 ABSL_FLAG(int64_t, max_seq_len, 0, "Longest sequence (prompt + generated); 0 = the model's, capped at 8192");
 ABSL_FLAG(int, model_threads, 0, "Threads of the CPU model runner's GEMMs; 0 = CPU cores");
+ABSL_FLAG(int, generate_writer_threads, 2,
+          "Threads that serialize and write Generate stream messages, so the engine thread (which the GPU waits on "
+          "between steps) only hands tokens over; 0 = the engine thread writes them");
 ABSL_FLAG(int, tensor_parallel, 1,
           "GPUs the model is split over (Megatron tensor parallelism over NCCL): --cuda_device and the next N-1. "
           "On the CPU backend the model is held and run as N shards in turn (a check of the sharding, not faster)");
@@ -536,6 +539,7 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
   if (!scheduler.ok()) return fail("", scheduler.status());
 
   // 3. The hosted model and its tokenizer.
+  SetGenerateWriterThreads(absl::GetFlag(FLAGS_generate_writer_threads));
   absl::StatusOr<HostedModel> model = LoadHostedModel(**backend, **tuning);
   if (!model.ok()) return fail("model: ", model.status());
   absl::StatusOr<std::unique_ptr<TextSupport>> text = LoadText(model->config);

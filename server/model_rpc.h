@@ -49,6 +49,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartGenerate(Engine* engine, Metric
                                                           const grpc::ByteBuffer* raw_request,
                                                           std::function<void()> on_done);
 
+// Threads that serialize and write Generate messages (--generate_writer_threads;
+// 0: the engine thread writes them itself). Set once, before serving.
+void SetGenerateWriterThreads(int threads);
+
 // Tokenize and Detokenize (text may be null: FAILED_PRECONDITION). vocab: the
 // model's, which bounds the ids Detokenize accepts.
 absl::Status Tokenize(const TextSupport* text, const v1::TokenizeRequest& request, v1::TokenizeResponse* response);

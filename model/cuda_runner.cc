@@ -19,6 +19,12 @@
 //               first two (cuBLASLt: + the SwiGLU kernel).
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
 //               step is larger; no device allocation per step otherwise.
+//   fused decode  a pure-decode step whose projections all run the GEMV (up
+//               to 4 rows by the built-in rule) runs 5 kernels a layer instead
+//               of 8 (EnqueueFusedDecode; gemv.h): the norms folded into the
+//               next GEMV, the residual adds into the previous one's epilogue,
+//               rope + cache write into the QKV GEMV's. wqkv's q/k head rows
+//               are stored interleaved for that (Upload).
 //   graphs      a step where every sequence decodes one token runs from a CUDA
 //               graph of the next batch bucket (padding rows point at the spare
 //               block), captured when the KV cache is created.
@@ -31,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -43,6 +50,8 @@
 #include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/tuned_configs.h"
@@ -117,6 +126,8 @@ class CudaModelRunner final : public ModelRunner {
     if (absl::Status status = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         !status.ok())
       return status;
+    const char* fuse_env = std::getenv("FUSEDSERVE_DECODE_FUSION");
+    fuse_decode_ = o_.fuse_decode && !(fuse_env != nullptr && fuse_env[0] == '0');
     dt_ = c_.dtype;
     if (!IsFloat(dt_)) return absl::InvalidArgumentError("model dtype must be a float type");
     es_ = DTypeSize(dt_);
@@ -141,9 +152,11 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Upload(w, {p + "input_layernorm.weight"}, &L.attn_norm); !status.ok()) return status;
       if (absl::Status status = Upload(w, {p + "post_attention_layernorm.weight"}, &L.mlp_norm); !status.ok())
         return status;
+      // q and k head rows interleaved for the rope epilogue of the fused QKV
+      // GEMV (gemv.h); the rope kernel reads that layout too.
       if (absl::Status status =
               Upload(w, {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
-                     &L.wqkv);
+                     &L.wqkv, (c_.q_heads + c_.kv_heads) * c_.head_dim);
           !status.ok())
         return status;
       if (absl::Status status = Upload(w, {p + "self_attn.o_proj.weight"}, &L.wo); !status.ok()) return status;
@@ -424,8 +437,11 @@ class CudaModelRunner final : public ModelRunner {
     }
   }
 
-  // Concatenates the named tensors (rows of row-major matrices) in dt_ and uploads them.
-  absl::Status Upload(const ModelWeights& w, const std::vector<std::string>& names, DeviceBuffer* out) {
+  // Concatenates the named tensors (rows of row-major matrices) in dt_ and
+  // uploads them. Rows [0, interleave_rows) form heads of head_dim rows whose
+  // rows i and i + head_dim/2 are stored next to each other (2i, 2i + 1).
+  absl::Status Upload(const ModelWeights& w, const std::vector<std::string>& names, DeviceBuffer* out,
+                      int64_t interleave_rows = 0) {
     std::vector<uint8_t> bytes;
     for (const std::string& n : names) {
       const WeightTensor& t = w.Get(n);
@@ -437,6 +453,19 @@ class CudaModelRunner final : public ModelRunner {
       } else {
         const std::vector<float> f = t.ToFloat();
         ConvertFromFloat(f.data(), static_cast<int64_t>(f.size()), bytes.data() + at);
+      }
+    }
+    if (interleave_rows > 0) {
+      const int64_t Dh = c_.head_dim, half = Dh / 2;
+      const size_t row = static_cast<size_t>(c_.hidden) * es_;  // a projection row: hidden elements
+      std::vector<uint8_t> head(static_cast<size_t>(Dh) * row);
+      for (int64_t h0 = 0; h0 + Dh <= interleave_rows; h0 += Dh) {
+        uint8_t* base = bytes.data() + h0 * row;
+        for (int64_t i = 0; i < half; ++i) {
+          std::memcpy(head.data() + (2 * i) * row, base + i * row, row);
+          std::memcpy(head.data() + (2 * i + 1) * row, base + (i + half) * row, row);
+        }
+        std::memcpy(base, head.data(), head.size());
       }
     }
     if (absl::Status status = CudaToAbsl(out->Allocate(bytes.size()), names[0]); !status.ok()) return status;
@@ -603,6 +632,7 @@ class CudaModelRunner final : public ModelRunner {
             "embedding");
         !status.ok())
       return status;
+    if (FusedDecode(st)) return EnqueueFusedDecode(st);
     if (absl::Status status = EnqueueLayers(st, 0, c_.layers); !status.ok()) return status;
     // h holds final_norm(x); the LM head runs on each sequence's last row.
     if (absl::Status status = CudaToAbsl(
@@ -612,6 +642,102 @@ class CudaModelRunner final : public ModelRunner {
       return status;
     if (absl::Status status =
             Linear(ModelKernel::kLmHead, last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get());
+        !status.ok())
+      return status;
+    return CudaToAbsl(
+        cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(), stream_),
+        "greedy argmax");
+  }
+
+  // Whether kernel k runs the GEMV at M rows (its tuned config or the built-in rule).
+  bool OnGemv(ModelKernel k, int64_t M) {
+    const std::string& config = Tuned(k, M);
+    cuda::LinearPath path = cuda::LinearPath::kDefault;
+    if (k == ModelKernel::kSwiglu) {
+      cuda::SwigluMlpConfig c;
+      cuda::ParseSwigluMlpConfig(config, &c);
+      path = c.path;
+    } else {
+      cuda::LinearConfig c;
+      cuda::ParseLinearConfig(config, &c);
+      path = c.path;
+    }
+    return path == cuda::LinearPath::kGemv || (path == cuda::LinearPath::kDefault && M <= cuda::kGemvAutoMaxM);
+  }
+
+  // A pure-decode step (one token per sequence, so row b is sequence b's last
+  // row) whose projections all run the GEMV: the fused decode layers apply.
+  bool FusedDecode(const Step& st) {
+    if (!fuse_decode_ || st.block_layers || st.use_flash || st.T != st.B || st.R != st.T) return false;
+    if (dt_ != DType::kBF16 && dt_ != DType::kF16) return false;
+    const int64_t T = st.T;
+    for (int64_t K : {c_.hidden, c_.q_dim(), c_.intermediate}) {
+      if (!cuda::GemvShape(dt_, T, K)) return false;
+    }
+    for (ModelKernel k :
+         {ModelKernel::kQkv, ModelKernel::kOProj, ModelKernel::kSwiglu, ModelKernel::kDown, ModelKernel::kLmHead}) {
+      if (!OnGemv(k, T)) return false;
+    }
+    return true;
+  }
+
+  // The decode step on the fused GEMVs (gemv.h), 5 kernels a layer instead
+  // of 8: QKV with the input norm folded in and rope + cache write as its
+  // epilogue; paged attention; o_proj + residual; gate_up with the norm folded
+  // in and SwiGLU; down + residual; then the LM head with the final norm
+  // folded in, straight from the residual rows. EnqueueLayers is the
+  // reference (FUSEDSERVE_DECODE_FUSION=0 or CudaModelRunnerOptions).
+  absl::Status EnqueueFusedDecode(const Step& st) {
+    const int64_t T = st.T, D = c_.hidden, qd = c_.q_dim(), I = c_.intermediate;
+    const int64_t qkvd = qd + 2 * c_.kv_dim();
+    const float eps = static_cast<float>(c_.rms_eps);
+    int cur = 0;
+    for (int64_t l = 0; l < c_.layers; ++l) {
+      const Layer& L = layers_[l];
+      cuda::GemvFusion qkv;
+      qkv.norm_weight = L.attn_norm.get();
+      qkv.eps = eps;
+      qkv.rope_kv = true;
+      qkv.rope.positions = Idx(ix_.positions);
+      qkv.rope.cos_sin = cos_sin_.as<float2>();
+      qkv.rope.slots = Idx(ix_.slots);
+      qkv.rope.q = q_.get();
+      qkv.rope.k_cache = KCache(l);
+      qkv.rope.v_cache = VCache(l);
+      qkv.rope.Hq = static_cast<int>(c_.q_heads);
+      qkv.rope.Hkv = static_cast<int>(c_.kv_heads);
+      qkv.rope.D = static_cast<int>(c_.head_dim);
+      if (absl::Status status = CudaToAbsl(
+              cuda::LaunchGemvFused(dt_, T, qkvd, D, x_[cur].get(), L.wqkv.get(), nullptr, qkv, stream_), "qkv+rope");
+          !status.ok())
+        return status;
+      if (absl::Status status = Attention(st, l); !status.ok()) return status;
+      cuda::GemvFusion o;
+      o.residual = x_[cur].get();
+      if (absl::Status status = CudaToAbsl(
+              cuda::LaunchGemvFused(dt_, T, D, qd, ao_.get(), L.wo.get(), x_[1 - cur].get(), o, stream_), "o_proj");
+          !status.ok())
+        return status;
+      cur = 1 - cur;
+      if (absl::Status status = CudaToAbsl(cuda::LaunchGemvSwigluNorm(dt_, T, D, I, x_[cur].get(), L.mlp_norm.get(),
+                                                                      eps, L.gate_up.get(), act_.get(), stream_),
+                                           "gate_up");
+          !status.ok())
+        return status;
+      cuda::GemvFusion d;
+      d.residual = x_[cur].get();
+      if (absl::Status status = CudaToAbsl(
+              cuda::LaunchGemvFused(dt_, T, D, I, act_.get(), L.down.get(), x_[1 - cur].get(), d, stream_), "down");
+          !status.ok())
+        return status;
+      cur = 1 - cur;
+    }
+    cuda::GemvFusion head;
+    head.norm_weight = final_norm_.get();
+    head.eps = eps;
+    if (absl::Status status = CudaToAbsl(
+            cuda::LaunchGemvFused(dt_, T, c_.vocab, D, x_[cur].get(), lm_head_, logits_.get(), head, stream_),
+            "lm_head");
         !status.ok())
       return status;
     return CudaToAbsl(
@@ -648,6 +774,7 @@ class CudaModelRunner final : public ModelRunner {
       rp.Hq = static_cast<int>(c_.q_heads);
       rp.Hkv = static_cast<int>(c_.kv_heads);
       rp.D = static_cast<int>(c_.head_dim);
+      rp.interleaved = true;  // the wqkv layout (Upload)
       if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
         return status;
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
@@ -881,6 +1008,7 @@ class CudaModelRunner final : public ModelRunner {
   size_t es_ = 2;
   int sm_count_ = 0;
   bool flash_ok_ = false;
+  bool fuse_decode_ = true;  // options.fuse_decode unless FUSEDSERVE_DECODE_FUSION=0
   cudaStream_t stream_ = nullptr;
 
   DeviceBuffer embed_, final_norm_, lm_head_own_;

@@ -55,8 +55,9 @@ __global__ void RopeKvKernel(RopeKvParams p) {
   const int h = static_cast<int>((u / half) % H3);
   const int64_t t = u / (static_cast<int64_t>(half) * H3);
   const T* src = static_cast<const T*>(p.qkv) + (t * H3 + h) * p.D;
-  float a = ToFloat(src[i]);
-  float b = ToFloat(src[i + half]);
+  const bool pair = p.interleaved && h < p.Hq + p.Hkv;
+  float a = ToFloat(src[pair ? 2 * i : i]);
+  float b = ToFloat(src[pair ? 2 * i + 1 : i + half]);
   if (h < p.Hq + p.Hkv) {
     const float2 cs = p.cos_sin[static_cast<int64_t>(p.positions[t]) * half + i];
     const float ra = a * cs.x - b * cs.y;

@@ -42,6 +42,10 @@ struct RopeKvParams {
   void* v_cache = nullptr;             // [slots, Hkv, D]
   int64_t T = 0;
   int Hq = 0, Hkv = 0, D = 0;
+  // The q and k heads of qkv hold their elements interleaved (2i = element i,
+  // 2i + 1 = element i + D/2: the weight layout of the fused rope GEMV, gemv.h);
+  // v heads and every output are in the plain order.
+  bool interleaved = false;
 };
 CudaStatus LaunchRopeKvWrite(const RopeKvParams& p, cudaStream_t stream);
 

@@ -21,10 +21,10 @@
 //               step is larger; no device allocation per step otherwise.
 //   fused decode  a pure-decode step whose projections all run the GEMV (up
 //               to 4 rows by the built-in rule) runs 5 kernels a layer instead
-//               of 8 (EnqueueFusedDecode; gemv.h): the norms folded into the
-//               next GEMV, the residual adds into the previous one's epilogue,
-//               rope + cache write into the QKV GEMV's. wqkv's q/k head rows
-//               are stored interleaved for that (Upload).
+//               of 8 with every fusion (EnqueueFusedDecode; gemv.h): the norms
+//               folded into the next GEMV, the residual adds into the previous
+//               one's epilogue, rope + cache write into the QKV GEMV's. wqkv's
+//               q/k head rows are stored interleaved for that (Upload).
 //   graphs      a step where every sequence decodes one token runs from a CUDA
 //               graph of the next batch bucket (padding rows point at the spare
 //               block), captured when the KV cache is created.
@@ -127,7 +127,7 @@ class CudaModelRunner final : public ModelRunner {
         !status.ok())
       return status;
     const char* fuse_env = std::getenv("FUSEDSERVE_DECODE_FUSION");
-    fuse_decode_ = o_.fuse_decode && !(fuse_env != nullptr && fuse_env[0] == '0');
+    fuse_ = fuse_env != nullptr && fuse_env[0] != '\0' ? std::atoi(fuse_env) : o_.decode_fusion;
     dt_ = c_.dtype;
     if (!IsFloat(dt_)) return absl::InvalidArgumentError("model dtype must be a float type");
     es_ = DTypeSize(dt_);
@@ -668,7 +668,7 @@ class CudaModelRunner final : public ModelRunner {
   // A pure-decode step (one token per sequence, so row b is sequence b's last
   // row) whose projections all run the GEMV: the fused decode layers apply.
   bool FusedDecode(const Step& st) {
-    if (!fuse_decode_ || st.block_layers || st.use_flash || st.T != st.B || st.R != st.T) return false;
+    if (fuse_ == 0 || st.block_layers || st.use_flash || st.T != st.B || st.R != st.T) return false;
     if (dt_ != DType::kBF16 && dt_ != DType::kF16) return false;
     const int64_t T = st.T;
     for (int64_t K : {c_.hidden, c_.q_dim(), c_.intermediate}) {
@@ -682,62 +682,112 @@ class CudaModelRunner final : public ModelRunner {
   }
 
   // The decode step on the fused GEMVs (gemv.h), 5 kernels a layer instead
-  // of 8: QKV with the input norm folded in and rope + cache write as its
-  // epilogue; paged attention; o_proj + residual; gate_up with the norm folded
-  // in and SwiGLU; down + residual; then the LM head with the final norm
-  // folded in, straight from the residual rows. EnqueueLayers is the
-  // reference (FUSEDSERVE_DECODE_FUSION=0 or CudaModelRunnerOptions).
+  // of 8 with every fusion (fuse_ bits, CudaModelRunnerOptions::decode_fusion):
+  //   norm  QKV and gate_up fold the RMS norm of the residual in, o_proj and
+  //         down add the residual in their epilogues, the LM head folds the
+  //         final norm in; else the (add_)rms_norm kernels as in EnqueueLayers;
+  //   rope  the QKV GEMV rotates q/k and writes q and the cache rows; else
+  //         the QKV output and the rope kernel.
+  // Either way the LM head reads the step's rows directly (one row per
+  // sequence: no gather). EnqueueLayers is the reference.
   absl::Status EnqueueFusedDecode(const Step& st) {
     const int64_t T = st.T, D = c_.hidden, qd = c_.q_dim(), I = c_.intermediate;
     const int64_t qkvd = qd + 2 * c_.kv_dim();
     const float eps = static_cast<float>(c_.rms_eps);
+    const bool fuse_norm = (fuse_ & CudaModelRunnerOptions::kDecodeFuseNorm) != 0;
+    const bool fuse_rope = (fuse_ & CudaModelRunnerOptions::kDecodeFuseRope) != 0;
+    auto gemv = [&](const void* x, const void* w, int64_t N, int64_t K, void* y, const cuda::GemvFusion& f,
+                    const char* what) {
+      return CudaToAbsl(cuda::LaunchGemvFused(dt_, T, N, K, x, w, y, f, stream_), what);
+    };
     int cur = 0;
+    if (!fuse_norm) {
+      if (absl::Status status =
+              Norm(cuda::NormKind::kRms, x_[0].get(), nullptr, layers_[0].attn_norm.get(), T, h_.get(), nullptr);
+          !status.ok())
+        return status;
+    }
     for (int64_t l = 0; l < c_.layers; ++l) {
       const Layer& L = layers_[l];
       cuda::GemvFusion qkv;
-      qkv.norm_weight = L.attn_norm.get();
-      qkv.eps = eps;
-      qkv.rope_kv = true;
-      qkv.rope.positions = Idx(ix_.positions);
-      qkv.rope.cos_sin = cos_sin_.as<float2>();
-      qkv.rope.slots = Idx(ix_.slots);
-      qkv.rope.q = q_.get();
-      qkv.rope.k_cache = KCache(l);
-      qkv.rope.v_cache = VCache(l);
-      qkv.rope.Hq = static_cast<int>(c_.q_heads);
-      qkv.rope.Hkv = static_cast<int>(c_.kv_heads);
-      qkv.rope.D = static_cast<int>(c_.head_dim);
-      if (absl::Status status = CudaToAbsl(
-              cuda::LaunchGemvFused(dt_, T, qkvd, D, x_[cur].get(), L.wqkv.get(), nullptr, qkv, stream_), "qkv+rope");
-          !status.ok())
-        return status;
+      if (fuse_norm) {
+        qkv.norm_weight = L.attn_norm.get();
+        qkv.eps = eps;
+      }
+      const void* qkv_in = fuse_norm ? x_[cur].get() : h_.get();
+      if (fuse_rope) {
+        qkv.rope_kv = true;
+        qkv.rope.positions = Idx(ix_.positions);
+        qkv.rope.cos_sin = cos_sin_.as<float2>();
+        qkv.rope.slots = Idx(ix_.slots);
+        qkv.rope.q = q_.get();
+        qkv.rope.k_cache = KCache(l);
+        qkv.rope.v_cache = VCache(l);
+        qkv.rope.Hq = static_cast<int>(c_.q_heads);
+        qkv.rope.Hkv = static_cast<int>(c_.kv_heads);
+        qkv.rope.D = static_cast<int>(c_.head_dim);
+        if (absl::Status status = gemv(qkv_in, L.wqkv.get(), qkvd, D, nullptr, qkv, "qkv+rope"); !status.ok())
+          return status;
+      } else {
+        if (absl::Status status = gemv(qkv_in, L.wqkv.get(), qkvd, D, qkv_.get(), qkv, "qkv"); !status.ok())
+          return status;
+        cuda::RopeKvParams rp;
+        rp.dtype = dt_;
+        rp.qkv = qkv_.get();
+        rp.positions = Idx(ix_.positions);
+        rp.cos_sin = cos_sin_.as<float2>();
+        rp.slots = Idx(ix_.slots);
+        rp.q = q_.get();
+        rp.k_cache = KCache(l);
+        rp.v_cache = VCache(l);
+        rp.T = T;
+        rp.Hq = static_cast<int>(c_.q_heads);
+        rp.Hkv = static_cast<int>(c_.kv_heads);
+        rp.D = static_cast<int>(c_.head_dim);
+        rp.interleaved = true;
+        if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
+          return status;
+      }
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
-      cuda::GemvFusion o;
-      o.residual = x_[cur].get();
-      if (absl::Status status = CudaToAbsl(
-              cuda::LaunchGemvFused(dt_, T, D, qd, ao_.get(), L.wo.get(), x_[1 - cur].get(), o, stream_), "o_proj");
-          !status.ok())
-        return status;
-      cur = 1 - cur;
-      if (absl::Status status = CudaToAbsl(cuda::LaunchGemvSwigluNorm(dt_, T, D, I, x_[cur].get(), L.mlp_norm.get(),
-                                                                      eps, L.gate_up.get(), act_.get(), stream_),
-                                           "gate_up");
-          !status.ok())
-        return status;
-      cuda::GemvFusion d;
-      d.residual = x_[cur].get();
-      if (absl::Status status = CudaToAbsl(
-              cuda::LaunchGemvFused(dt_, T, D, I, act_.get(), L.down.get(), x_[1 - cur].get(), d, stream_), "down");
-          !status.ok())
-        return status;
-      cur = 1 - cur;
+      // o_proj (+ residual), then gate_up; down (+ residual), then the next QKV.
+      for (int half = 0; half < 2; ++half) {
+        const void* in = half == 0 ? ao_.get() : act_.get();
+        const void* w = half == 0 ? L.wo.get() : L.down.get();
+        const int64_t K = half == 0 ? qd : I;
+        const void* next_w = half == 0           ? L.mlp_norm.get()
+                             : l + 1 < c_.layers ? layers_[l + 1].attn_norm.get()
+                                                 : final_norm_.get();
+        if (fuse_norm) {
+          cuda::GemvFusion r;
+          r.residual = x_[cur].get();
+          if (absl::Status status = gemv(in, w, D, K, x_[1 - cur].get(), r, "o_proj/down"); !status.ok()) return status;
+        } else {
+          if (absl::Status status = gemv(in, w, D, K, tmp_.get(), cuda::GemvFusion{}, "o_proj/down"); !status.ok())
+            return status;
+          if (absl::Status status =
+                  Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
+              !status.ok())
+            return status;
+        }
+        cur = 1 - cur;
+        if (half == 1) break;
+        const void* gate_in = fuse_norm ? x_[cur].get() : h_.get();
+        if (absl::Status status = CudaToAbsl(
+                fuse_norm ? cuda::LaunchGemvSwigluNorm(dt_, T, D, I, gate_in, L.mlp_norm.get(), eps, L.gate_up.get(),
+                                                       act_.get(), stream_)
+                          : cuda::LaunchGemvSwiglu(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), stream_),
+                "gate_up");
+            !status.ok())
+          return status;
+      }
     }
     cuda::GemvFusion head;
-    head.norm_weight = final_norm_.get();
-    head.eps = eps;
-    if (absl::Status status = CudaToAbsl(
-            cuda::LaunchGemvFused(dt_, T, c_.vocab, D, x_[cur].get(), lm_head_, logits_.get(), head, stream_),
-            "lm_head");
+    if (fuse_norm) {
+      head.norm_weight = final_norm_.get();
+      head.eps = eps;
+    }
+    if (absl::Status status =
+            gemv(fuse_norm ? x_[cur].get() : h_.get(), lm_head_, c_.vocab, D, logits_.get(), head, "lm_head");
         !status.ok())
       return status;
     return CudaToAbsl(
@@ -1008,7 +1058,7 @@ class CudaModelRunner final : public ModelRunner {
   size_t es_ = 2;
   int sm_count_ = 0;
   bool flash_ok_ = false;
-  bool fuse_decode_ = true;  // options.fuse_decode unless FUSEDSERVE_DECODE_FUSION=0
+  int fuse_ = 0;  // decode fusion mask: options.decode_fusion, or FUSEDSERVE_DECODE_FUSION
   cudaStream_t stream_ = nullptr;
 
   DeviceBuffer embed_, final_norm_, lm_head_own_;

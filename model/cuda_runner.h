@@ -31,12 +31,16 @@ struct CudaModelRunnerOptions {
   // configs' graph, time both in context and keep the faster (the tuner
   // times kernels alone). Off: the tuned graph, as a test forcing configs wants.
   bool compare_decode_graphs = true;
-  // Pure-decode steps whose projections run the GEMV (the built-in rule up to
-  // 4 rows) take the fused decode layers (QKV + norm + rope + cache write,
-  // o_proj/down + residual, gate_up + norm, LM head + final norm: 5 kernels a
-  // layer instead of 8). Off, or FUSEDSERVE_DECODE_FUSION=0 in the
-  // environment: the unfused kernels, the reference.
-  bool fuse_decode = true;
+  // Fusions of pure-decode steps whose projections run the GEMV (the
+  // built-in rule up to 4 rows), a bit mask (kernels/cuda/gemv.h):
+  //   kDecodeFuseRope  rope + paged KV-cache write in the QKV GEMV's epilogue;
+  //   kDecodeFuseNorm  the RMS norms folded into the GEMVs that consume them
+  //                    (QKV, gate_up, LM head), the residual adds into the
+  //                    o_proj/down epilogues: no norm kernels.
+  // 0, or FUSEDSERVE_DECODE_FUSION=<mask> in the environment (which wins):
+  // the unfused kernels, the reference.
+  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2;
+  int decode_fusion = kDecodeFuseRope | kDecodeFuseNorm;
   // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
   // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is
   // looked up once per token bucket: when the KV cache is created for the

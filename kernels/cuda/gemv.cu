@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
@@ -210,6 +211,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
     const int64_t r0 = kSw ? unit : 2 * unit;
     const int64_t r1 = kSw ? unit + p.N : 2 * unit + 1;
     const bool has1 = kSw || r1 < p.N;
+    // The epilogue's operands for this lane's row (lane m writes row m), loaded
+    // now so their L2 round trip hides under the weight stream instead of
+    // adding to the kernel's tail: the residual pair, or rope's (cos, sin)
+    // and the cache slot.
+    float res0 = 0.0f, res1 = 0.0f;
+    float2 cs = make_float2(1.0f, 0.0f);
+    int64_t slot = -1;
+    if (live && slice == 0 && lane < kM && lane < p.M) {
+      if constexpr (kMode == kResidual) {
+        const T* res = static_cast<const T*>(p.residual) + lane * p.N;
+        res0 = ToFloat(res[r0]);
+        if (has1) res1 = ToFloat(res[r1]);
+      } else if constexpr (kMode == kRopeKv) {
+        const int D = p.rope.D, h = static_cast<int>(r0 / D);
+        if (h < p.rope.Hq + p.rope.Hkv) {
+          const int i = static_cast<int>(r0 - static_cast<int64_t>(h) * D) / 2;
+          cs = p.rope.cos_sin[static_cast<int64_t>(p.rope.positions[lane]) * (D / 2) + i];
+        }
+        if (p.rope.slots != nullptr) slot = p.rope.slots[lane];
+      }
+    }
 
     float acc[kM][kAcc];
 #pragma unroll
@@ -298,19 +320,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
         if constexpr (kSw) {
           y[m * p.N + unit] = FromFloat<T>(Silu(v0) * v1);
         } else if constexpr (kMode == kResidual) {
-          const T* res = static_cast<const T*>(p.residual) + m * p.N;
-          y[m * p.N + r0] = FromFloat<T>(v0 + ToFloat(res[r0]));
-          if (has1) y[m * p.N + r1] = FromFloat<T>(v1 + ToFloat(res[r1]));
+          y[m * p.N + r0] = FromFloat<T>(v0 + res0);
+          if (has1) y[m * p.N + r1] = FromFloat<T>(v1 + res1);
         } else if constexpr (kMode == kRopeKv) {
           // Rows r0, r0 + 1 are one head's elements (i, i + D/2) for q and k
           // heads (the weight rows interleaved so), (e, e + 1) for v heads.
           const GemvRopeKv& rp = p.rope;
           const int D = rp.D, half = D / 2;
           const int h = static_cast<int>(r0 / D), e = static_cast<int>(r0 - static_cast<int64_t>(h) * D);
-          const int64_t slot = rp.slots != nullptr ? rp.slots[m] : -1;
           if (h < rp.Hq + rp.Hkv) {
             const int i = e / 2;
-            const float2 cs = rp.cos_sin[static_cast<int64_t>(rp.positions[m]) * half + i];
             const T ta = FromFloat<T>(v0 * cs.x - v1 * cs.y), tb = FromFloat<T>(v1 * cs.x + v0 * cs.y);
             auto put = [&](void* base, int64_t row, int heads, int hh) {
               T* r = static_cast<T*>(base) + (row * heads + hh) * D;
@@ -344,6 +363,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
   }
 }
 
+// FUSEDSERVE_GEMV_OCCUPANCY=d (experiment): the GEMV fills 1/d of the
+// resident block slots, leaving room for the next kernel's blocks to become
+// resident early (PDL) and start their weight loads.
+int GemvOccupancyDivisor() {
+  static const int d = [] {
+    const char* e = std::getenv("FUSEDSERVE_GEMV_OCCUPANCY");
+    const int v = e != nullptr ? std::atoi(e) : 1;
+    return v >= 1 && v <= 8 ? v : 1;
+  }();
+  return d;
+}
+
 // Launched as a programmatic dependent of the previous kernel (unless
 // FUSEDSERVE_PDL=0): its weight loads start during that kernel's tail.
 template <typename T, int kMode, bool kNorm>
@@ -360,6 +391,7 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
   // Units fewer than the resident warps are split over 2 or 4 warps.
   int64_t resident_blocks = 0;
   if (CudaStatus s = cuda::ResidentBlocks(kernel, kGemvWarps * 32, &resident_blocks); !s.ok()) return s;
+  resident_blocks = std::max<int64_t>(1, resident_blocks / GemvOccupancyDivisor());
   const int64_t units = kSw ? p.N : (p.N + 1) / 2;
   const int64_t resident_warps = resident_blocks * kGemvWarps;
   int split = 1;
@@ -559,13 +591,14 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
   const bool norm = f.norm_weight != nullptr;
   if (f.rope_kv) {
     const GemvRopeKv& r = f.rope;
-    if (!norm || f.residual != nullptr) return CudaStatus::Unsupported("fused GEMV: rope epilogue needs norm only");
+    if (f.residual != nullptr) return CudaStatus::Unsupported("fused GEMV: rope epilogue with a residual");
     if (r.D <= 0 || r.D % 2 != 0 || r.Hq <= 0 || r.Hkv <= 0 || N != static_cast<int64_t>(r.Hq + 2 * r.Hkv) * r.D)
       return CudaStatus::Unsupported("fused GEMV: rope epilogue shape");
     if (r.positions == nullptr || r.cos_sin == nullptr || r.q == nullptr ||
         (r.slots != nullptr && (r.k_cache == nullptr || r.v_cache == nullptr)))
       return CudaStatus::Error("fused GEMV: rope epilogue tensor missing");
-    return LaunchGemvFusedDtype<kRopeKv, true>(dtype, p, stream);
+    return norm ? LaunchGemvFusedDtype<kRopeKv, true>(dtype, p, stream)
+                : LaunchGemvFusedDtype<kRopeKv, false>(dtype, p, stream);
   }
   if (y == nullptr) return CudaStatus::Error("fused GEMV: no output");
   if (f.residual != nullptr) {

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/paged_attention.h"
@@ -339,8 +340,18 @@ bool PagedAttentionSupported(int Hq, int Hkv, int D) {
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
   // The kernel is bound by memory latency, so it wants many CTAs in flight:
   // about eight per SM, parts of at least ~64 keys, at most kPagedMaxSplits.
+  // FUSEDSERVE_PAGED_CTAS_PER_SM=n (experiment): at most n CTAs per SM, so
+  // that the launch stays within one wave when n is the resident count
+  // (GQA-4 with D = 64 holds 4 per SM: 128 registers a thread).
+  static const int per_sm = [] {
+    const char* e = std::getenv("FUSEDSERVE_PAGED_CTAS_PER_SM");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v >= 1 && v <= 64 ? v : 0;
+  }();
   const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(R) * Hkv);
-  int s = static_cast<int>(std::min<int64_t>(kPagedMaxSplits, CeilDiv(8 * static_cast<int64_t>(sm_count), ctas)));
+  int s = static_cast<int>(std::min<int64_t>(
+      kPagedMaxSplits, per_sm > 0 ? std::max<int64_t>(1, per_sm * static_cast<int64_t>(sm_count) / ctas)
+                                  : CeilDiv(8 * static_cast<int64_t>(sm_count), ctas)));
   s = std::min(s, std::max(1, max_ctx / 64));
   while (s > 1 && static_cast<int64_t>(R) * s > kPagedMaxSplitRows) --s;
   return std::max(s, 1);

@@ -20,11 +20,13 @@
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
 //               step is larger; no device allocation per step otherwise.
 //   fused decode  a pure-decode step whose projections all run the GEMV (up
-//               to 4 rows by the built-in rule) runs 5 kernels a layer instead
-//               of 8 with every fusion (EnqueueFusedDecode; gemv.h): the norms
-//               folded into the next GEMV, the residual adds into the previous
-//               one's epilogue, rope + cache write into the QKV GEMV's. wqkv's
-//               q/k head rows are stored interleaved for that (Upload).
+//               to 4 rows by the built-in rule) takes EnqueueFusedDecode
+//               (gemv.h; CudaModelRunnerOptions::decode_fusion): rope + cache
+//               write in the QKV GEMV's epilogue (the default), optionally the
+//               norms folded into the next GEMV and the residual adds into the
+//               previous one's epilogue (5 kernels a layer instead of 8, but
+//               not faster on the H100). wqkv's q/k head rows are stored
+//               interleaved for the rope epilogue (Upload).
 //   graphs      a step where every sequence decodes one token runs from a CUDA
 //               graph of the next batch bucket (padding rows point at the spare
 //               block), captured when the KV cache is created.

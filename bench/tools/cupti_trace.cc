@@ -1,7 +1,12 @@
 // A CUPTI injection library that records every kernel (graph nodes included)
 // with its start/end timestamps, for machines without Nsight Systems.
 //   CUDA_INJECTION64_PATH=libcupti_trace.so FS_TRACE_OUT=kernels.csv ./binary
-// Writes "start_ns,end_ns,grid_x,block_x,name" lines at exit.
+// Writes "start_ns,end_ns,grid_x,block_x,name" lines at exit
+// (bench/tools/cupti_steps.py summarises them per decode step). Not part of
+// the CMake build; build it beside the CUDA toolkit's CUPTI and ship both:
+//   g++ -O2 -shared -fPIC -o libcupti_trace.so bench/tools/cupti_trace.cc
+//       -I$CUDA/include -L$CUDA/lib -lcupti -Wl,-rpath,'$ORIGIN'   (one line)
+//   cp $CUDA/lib/libcupti.so.13 .   (next to libcupti_trace.so)
 #include <cupti.h>
 
 #include <cstdio>

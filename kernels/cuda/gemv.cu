@@ -10,7 +10,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
@@ -363,18 +362,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
   }
 }
 
-// FUSEDSERVE_GEMV_OCCUPANCY=d (experiment): the GEMV fills 1/d of the
-// resident block slots, leaving room for the next kernel's blocks to become
-// resident early (PDL) and start their weight loads.
-int GemvOccupancyDivisor() {
-  static const int d = [] {
-    const char* e = std::getenv("FUSEDSERVE_GEMV_OCCUPANCY");
-    const int v = e != nullptr ? std::atoi(e) : 1;
-    return v >= 1 && v <= 8 ? v : 1;
-  }();
-  return d;
-}
-
 // Launched as a programmatic dependent of the previous kernel (unless
 // FUSEDSERVE_PDL=0): its weight loads start during that kernel's tail.
 template <typename T, int kMode, bool kNorm>
@@ -391,7 +378,6 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
   // Units fewer than the resident warps are split over 2 or 4 warps.
   int64_t resident_blocks = 0;
   if (CudaStatus s = cuda::ResidentBlocks(kernel, kGemvWarps * 32, &resident_blocks); !s.ok()) return s;
-  resident_blocks = std::max<int64_t>(1, resident_blocks / GemvOccupancyDivisor());
   const int64_t units = kSw ? p.N : (p.N + 1) / 2;
   const int64_t resident_warps = resident_blocks * kGemvWarps;
   int split = 1;

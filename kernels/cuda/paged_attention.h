@@ -70,8 +70,8 @@ struct PagedAttentionParams {
 
 // Head dims 16, 32, 64, 128; at most 8 query heads per kv head.
 bool PagedAttentionSupported(int Hq, int Hkv, int D);
-// Context splits for R rows: enough CTAs for about eight per SM, at most
-// kPagedMaxSplits, and R * splits <= kPagedMaxSplitRows.
+// Context splits for R rows: as many CTAs as fit on the GPU in one wave
+// (four per SM), at most kPagedMaxSplits, and R * splits <= kPagedMaxSplitRows.
 constexpr int kPagedMaxSplits = 32;
 constexpr int kPagedMaxSplitRows = 1024;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);

@@ -19,6 +19,14 @@
 //               first two (cuBLASLt: + the SwiGLU kernel).
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
 //               step is larger; no device allocation per step otherwise.
+//   fused decode  a pure-decode step whose projections all run the GEMV (up
+//               to 4 rows by the built-in rule) takes EnqueueFusedDecode
+//               (gemv.h; CudaModelRunnerOptions::decode_fusion): rope + cache
+//               write in the QKV GEMV's epilogue (the default), optionally the
+//               norms folded into the next GEMV and the residual adds into the
+//               previous one's epilogue (5 kernels a layer instead of 8, but
+//               not faster on the H100). wqkv's q/k head rows are stored
+//               interleaved for the rope epilogue (Upload).
 //   graphs      a step where every sequence decodes one token runs from a CUDA
 //               graph of the next batch bucket (padding rows point at the spare
 //               block), captured when the KV cache is created.
@@ -35,6 +43,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -47,6 +56,8 @@
 #include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
@@ -126,6 +137,8 @@ class CudaModelRunner final : public ModelRunner {
     if (absl::Status status = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         !status.ok())
       return status;
+    const char* fuse_env = std::getenv("FUSEDSERVE_DECODE_FUSION");
+    fuse_ = fuse_env != nullptr && fuse_env[0] != '\0' ? std::atoi(fuse_env) : o_.decode_fusion;
     dt_ = c_.dtype;
     if (!IsFloat(dt_)) return absl::InvalidArgumentError("model dtype must be a float type");
     es_ = DTypeSize(dt_);
@@ -150,9 +163,14 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Upload(w, {p + "input_layernorm.weight"}, &L.attn_norm); !status.ok()) return status;
       if (absl::Status status = Upload(w, {p + "post_attention_layernorm.weight"}, &L.mlp_norm); !status.ok())
         return status;
-      // This rank's blocks (the whole matrices when unsharded).
+      // This rank's blocks (the whole matrices when unsharded); q and k head
+      // rows interleaved for the rope epilogue of the fused QKV GEMV
+      // (gemv.h), which the rope kernel reads too.
       const LayerBlocks b = LayerShardBlocks(full_, shard_, i);
-      if (absl::Status status = Upload(w, {b.qkv.begin(), b.qkv.end()}, &L.wqkv); !status.ok()) return status;
+      if (absl::Status status =
+              Upload(w, {b.qkv.begin(), b.qkv.end()}, &L.wqkv, (c_.q_heads + c_.kv_heads) * c_.head_dim);
+          !status.ok())
+        return status;
       if (absl::Status status = Upload(w, {b.o}, &L.wo); !status.ok()) return status;
       if (absl::Status status = Upload(w, {b.gate_up.begin(), b.gate_up.end()}, &L.gate_up); !status.ok())
         return status;
@@ -430,7 +448,6 @@ class CudaModelRunner final : public ModelRunner {
     }
   }
 
-  // Concatenates the named tensors (rows of row-major matrices) in dt_ and uploads them.
   // A whole tensor, or a rank's block of a 2-D one (tensor_parallel.h),
   // sliced while uploading: no GPU holds a full copy of a sharded weight.
   struct Part {
@@ -441,7 +458,11 @@ class CudaModelRunner final : public ModelRunner {
     Part(std::string n) : name(std::move(n)) {}                           // NOLINT: likewise
     Part(const WeightBlock& b) : name(b.name), whole(false), block(b) {}  // NOLINT
   };
-  absl::Status Upload(const ModelWeights& w, const std::vector<Part>& parts, DeviceBuffer* out) {
+  // Concatenates the parts (rows of row-major matrices) in dt_ and uploads
+  // them. Rows [0, interleave_rows) form heads of head_dim rows whose rows i
+  // and i + head_dim/2 are stored next to each other (2i, 2i + 1).
+  absl::Status Upload(const ModelWeights& w, const std::vector<Part>& parts, DeviceBuffer* out,
+                      int64_t interleave_rows = 0) {
     std::vector<uint8_t> bytes;
     for (const Part& part : parts) {
       const WeightTensor& t = w.Get(part.name);
@@ -457,6 +478,19 @@ class CudaModelRunner final : public ModelRunner {
         const std::vector<float> f = whole ? t.ToFloat() : t.ToFloatBlock(b.row, b.rows, b.col, b.cols);
         bytes.resize(at + f.size() * es_);
         ConvertFromFloat(f.data(), static_cast<int64_t>(f.size()), bytes.data() + at);
+      }
+    }
+    if (interleave_rows > 0) {
+      const int64_t Dh = c_.head_dim, half = Dh / 2;
+      const size_t row = static_cast<size_t>(c_.hidden) * es_;  // a projection row: hidden elements
+      std::vector<uint8_t> head(static_cast<size_t>(Dh) * row);
+      for (int64_t h0 = 0; h0 + Dh <= interleave_rows; h0 += Dh) {
+        uint8_t* base = bytes.data() + h0 * row;
+        for (int64_t i = 0; i < half; ++i) {
+          std::memcpy(head.data() + (2 * i) * row, base + i * row, row);
+          std::memcpy(head.data() + (2 * i + 1) * row, base + (i + half) * row, row);
+        }
+        std::memcpy(base, head.data(), head.size());
       }
     }
     if (absl::Status status = CudaToAbsl(out->Allocate(bytes.size()), parts[0].name); !status.ok()) return status;
@@ -631,6 +665,7 @@ class CudaModelRunner final : public ModelRunner {
             "embedding");
         !status.ok())
       return status;
+    if (FusedDecode(st)) return EnqueueFusedDecode(st);
     if (absl::Status status = EnqueueLayers(st, 0, c_.layers); !status.ok()) return status;
     if (shard_.rank != 0) return absl::OkStatus();  // rank 0 alone runs the (replicated) LM head
     // h holds final_norm(x); the LM head runs on each sequence's last row.
@@ -641,6 +676,155 @@ class CudaModelRunner final : public ModelRunner {
       return status;
     if (absl::Status status =
             Linear(ModelKernel::kLmHead, last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get());
+        !status.ok())
+      return status;
+    return CudaToAbsl(
+        cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(), stream_),
+        "greedy argmax");
+  }
+
+  // Whether kernel k runs the GEMV at M rows (its tuned config or the built-in rule).
+  bool OnGemv(ModelKernel k, int64_t M) {
+    const std::string& config = Tuned(k, M);
+    cuda::LinearPath path = cuda::LinearPath::kDefault;
+    if (k == ModelKernel::kSwiglu) {
+      cuda::SwigluMlpConfig c;
+      cuda::ParseSwigluMlpConfig(config, &c);
+      path = c.path;
+    } else {
+      cuda::LinearConfig c;
+      cuda::ParseLinearConfig(config, &c);
+      path = c.path;
+    }
+    return path == cuda::LinearPath::kGemv || (path == cuda::LinearPath::kDefault && M <= cuda::kGemvAutoMaxM);
+  }
+
+  // A pure-decode step (one token per sequence, so row b is sequence b's last
+  // row) whose projections all run the GEMV: the fused decode layers apply
+  // (not on a tensor-parallel rank: its o_proj and down sums are all-reduced
+  // before the residual add, in EnqueueLayers).
+  bool FusedDecode(const Step& st) {
+    if (fuse_ == 0 || group_ != nullptr || st.block_layers || st.use_flash || st.T != st.B || st.R != st.T)
+      return false;
+    if (dt_ != DType::kBF16 && dt_ != DType::kF16) return false;
+    const int64_t T = st.T;
+    for (int64_t K : {c_.hidden, c_.q_dim(), c_.intermediate}) {
+      if (!cuda::GemvShape(dt_, T, K)) return false;
+    }
+    for (ModelKernel k :
+         {ModelKernel::kQkv, ModelKernel::kOProj, ModelKernel::kSwiglu, ModelKernel::kDown, ModelKernel::kLmHead}) {
+      if (!OnGemv(k, T)) return false;
+    }
+    return true;
+  }
+
+  // The decode step on the fused GEMVs (gemv.h), 5 kernels a layer instead
+  // of 8 with every fusion (fuse_ bits, CudaModelRunnerOptions::decode_fusion):
+  //   norm  QKV and gate_up fold the RMS norm of the residual in, o_proj and
+  //         down add the residual in their epilogues, the LM head folds the
+  //         final norm in; else the (add_)rms_norm kernels as in EnqueueLayers;
+  //   rope  the QKV GEMV rotates q/k and writes q and the cache rows; else
+  //         the QKV output and the rope kernel.
+  // Either way the LM head reads the step's rows directly (one row per
+  // sequence: no gather). EnqueueLayers is the reference.
+  absl::Status EnqueueFusedDecode(const Step& st) {
+    const int64_t T = st.T, D = c_.hidden, qd = c_.q_dim(), I = c_.intermediate;
+    const int64_t qkvd = qd + 2 * c_.kv_dim();
+    const float eps = static_cast<float>(c_.rms_eps);
+    const bool fuse_norm = (fuse_ & CudaModelRunnerOptions::kDecodeFuseNorm) != 0;
+    const bool fuse_rope = (fuse_ & CudaModelRunnerOptions::kDecodeFuseRope) != 0;
+    auto gemv = [&](const void* x, const void* w, int64_t N, int64_t K, void* y, const cuda::GemvFusion& f,
+                    const char* what) {
+      return CudaToAbsl(cuda::LaunchGemvFused(dt_, T, N, K, x, w, y, f, stream_), what);
+    };
+    int cur = 0;
+    if (!fuse_norm) {
+      if (absl::Status status =
+              Norm(cuda::NormKind::kRms, x_[0].get(), nullptr, layers_[0].attn_norm.get(), T, h_.get(), nullptr);
+          !status.ok())
+        return status;
+    }
+    for (int64_t l = 0; l < c_.layers; ++l) {
+      const Layer& L = layers_[l];
+      cuda::GemvFusion qkv;
+      if (fuse_norm) {
+        qkv.norm_weight = L.attn_norm.get();
+        qkv.eps = eps;
+      }
+      const void* qkv_in = fuse_norm ? x_[cur].get() : h_.get();
+      if (fuse_rope) {
+        qkv.rope_kv = true;
+        qkv.rope.positions = Idx(ix_.positions);
+        qkv.rope.cos_sin = cos_sin_.as<float2>();
+        qkv.rope.slots = Idx(ix_.slots);
+        qkv.rope.q = q_.get();
+        qkv.rope.k_cache = KCache(l);
+        qkv.rope.v_cache = VCache(l);
+        qkv.rope.Hq = static_cast<int>(c_.q_heads);
+        qkv.rope.Hkv = static_cast<int>(c_.kv_heads);
+        qkv.rope.D = static_cast<int>(c_.head_dim);
+        if (absl::Status status = gemv(qkv_in, L.wqkv.get(), qkvd, D, nullptr, qkv, "qkv+rope"); !status.ok())
+          return status;
+      } else {
+        if (absl::Status status = gemv(qkv_in, L.wqkv.get(), qkvd, D, qkv_.get(), qkv, "qkv"); !status.ok())
+          return status;
+        cuda::RopeKvParams rp;
+        rp.dtype = dt_;
+        rp.qkv = qkv_.get();
+        rp.positions = Idx(ix_.positions);
+        rp.cos_sin = cos_sin_.as<float2>();
+        rp.slots = Idx(ix_.slots);
+        rp.q = q_.get();
+        rp.k_cache = KCache(l);
+        rp.v_cache = VCache(l);
+        rp.T = T;
+        rp.Hq = static_cast<int>(c_.q_heads);
+        rp.Hkv = static_cast<int>(c_.kv_heads);
+        rp.D = static_cast<int>(c_.head_dim);
+        rp.interleaved = true;
+        if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
+          return status;
+      }
+      if (absl::Status status = Attention(st, l); !status.ok()) return status;
+      // o_proj (+ residual), then gate_up; down (+ residual), then the next QKV.
+      for (int half = 0; half < 2; ++half) {
+        const void* in = half == 0 ? ao_.get() : act_.get();
+        const void* w = half == 0 ? L.wo.get() : L.down.get();
+        const int64_t K = half == 0 ? qd : I;
+        const void* next_w = half == 0           ? L.mlp_norm.get()
+                             : l + 1 < c_.layers ? layers_[l + 1].attn_norm.get()
+                                                 : final_norm_.get();
+        if (fuse_norm) {
+          cuda::GemvFusion r;
+          r.residual = x_[cur].get();
+          if (absl::Status status = gemv(in, w, D, K, x_[1 - cur].get(), r, "o_proj/down"); !status.ok()) return status;
+        } else {
+          if (absl::Status status = gemv(in, w, D, K, tmp_.get(), cuda::GemvFusion{}, "o_proj/down"); !status.ok())
+            return status;
+          if (absl::Status status =
+                  Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
+              !status.ok())
+            return status;
+        }
+        cur = 1 - cur;
+        if (half == 1) break;
+        const void* gate_in = fuse_norm ? x_[cur].get() : h_.get();
+        if (absl::Status status = CudaToAbsl(
+                fuse_norm ? cuda::LaunchGemvSwigluNorm(dt_, T, D, I, gate_in, L.mlp_norm.get(), eps, L.gate_up.get(),
+                                                       act_.get(), stream_)
+                          : cuda::LaunchGemvSwiglu(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), stream_),
+                "gate_up");
+            !status.ok())
+          return status;
+      }
+    }
+    cuda::GemvFusion head;
+    if (fuse_norm) {
+      head.norm_weight = final_norm_.get();
+      head.eps = eps;
+    }
+    if (absl::Status status =
+            gemv(fuse_norm ? x_[cur].get() : h_.get(), lm_head_, c_.vocab, D, logits_.get(), head, "lm_head");
         !status.ok())
       return status;
     return CudaToAbsl(
@@ -677,6 +861,7 @@ class CudaModelRunner final : public ModelRunner {
       rp.Hq = static_cast<int>(c_.q_heads);
       rp.Hkv = static_cast<int>(c_.kv_heads);
       rp.D = static_cast<int>(c_.head_dim);
+      rp.interleaved = true;  // the wqkv layout (Upload)
       if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
         return status;
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
@@ -918,6 +1103,7 @@ class CudaModelRunner final : public ModelRunner {
   size_t es_ = 2;
   int sm_count_ = 0;
   bool flash_ok_ = false;
+  int fuse_ = 0;  // decode fusion mask: options.decode_fusion, or FUSEDSERVE_DECODE_FUSION
   cudaStream_t stream_ = nullptr;
 
   DeviceBuffer embed_, final_norm_, lm_head_own_;

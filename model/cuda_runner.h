@@ -31,6 +31,19 @@ struct CudaModelRunnerOptions {
   // configs' graph, time both in context and keep the faster (the tuner
   // times kernels alone). Off: the tuned graph, as a test forcing configs wants.
   bool compare_decode_graphs = true;
+  // Fusions of pure-decode steps whose projections run the GEMV (the
+  // built-in rule up to 4 rows), a bit mask (kernels/cuda/gemv.h):
+  //   kDecodeFuseRope  rope + paged KV-cache write in the QKV GEMV's epilogue;
+  //   kDecodeFuseNorm  the RMS norms folded into the GEMVs that consume them
+  //                    (QKV, gate_up, LM head), the residual adds into the
+  //                    o_proj/down epilogues: no norm kernels.
+  // 0, or FUSEDSERVE_DECODE_FUSION=<mask> in the environment (which wins):
+  // the unfused kernels, the reference. Default: rope only. Measured on the
+  // H100 at B=1 (bench/notes/decode_fusion.md): rope 1.238 ms, norm 1.239,
+  // none 1.245, both 1.293 (the norm-folded SwiGLU GEMV runs ~3 us slower a
+  // layer next to the rope epilogue); every mask is tested.
+  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2;
+  int decode_fusion = kDecodeFuseRope;
   // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
   // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is
   // looked up once per token bucket: when the KV cache is created for the

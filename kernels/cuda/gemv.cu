@@ -122,13 +122,25 @@ __global__ void SiluAndMulKernel(const T* __restrict__ x,  // [M,2I]
 constexpr int kGemvWarps = 4;   // 128 threads: small blocks keep the last wave short
 constexpr int kGemvUnroll = 4;  // 16-byte vectors per weight row in flight per lane
 
+// What a GEMV does around its dot products (the decode fusions, gemv.h).
+enum GemvMode : int {
+  kLinear = 0,    // y = act(acc + bias)
+  kSwiglu = 1,    // y = silu(gate) * up
+  kResidual = 2,  // y = acc + residual
+  kRopeKv = 3,    // rope on q/k head rows, q/k/v to their buffers and the paged cache
+};
+
 struct GemvParams {
   const void* x;     // [M,K]
   const void* w;     // [N,K] (linear) or [2I,K] (SwiGLU)
   const void* bias;  // [N] or nullptr (linear only)
-  void* y;           // [M,N] (linear) or [M,I] (SwiGLU)
+  void* y;           // [M,N] (linear) or [M,I] (SwiGLU); unused by kRopeKv
   int64_t M, N, K;   // SwiGLU: N = I
   Activation act;
+  const void* residual;  // [M,N] (kResidual)
+  const void* norm_w;    // [K] (kNorm): x is RMS-normalised with these weights
+  float eps;
+  GemvRopeKv rope;  // kRopeKv
 };
 
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
@@ -139,22 +151,28 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); 
 // through shared memory. Splitting is for small N (o_proj, down, qkv of a 1B
 // model): one warp per unit left 8 warps per SM, too few bytes in flight to
 // reach HBM bandwidth.
-template <typename T, int kM, bool kSwiglu>
+// kNorm: the RMS norm of x is folded in: the dot products use x * norm_w and
+// are scaled by rsqrt(mean(x^2) + eps) at the end; the sum of squares comes
+// from the x vectors the warps read anyway (first unit only), so no pass of
+// its own (a prologue that normalised x first cost ~100 us per step).
+template <typename T, int kM, int kMode, bool kNorm>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int64_t units_per_warp, int split) {
   using V = Vec16<T>;
-  __shared__ float partial[kGemvWarps][kM][2];
+  constexpr bool kSw = kMode == kSwiglu;
+  constexpr int kAcc = kNorm ? 3 : 2;
+  __shared__ float partial[kGemvWarps][kM][kAcc];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slice = warp % split;
-  const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
+  const int64_t units = kSw ? p.N : (p.N + 1) / 2;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * units_per_warp;
   const int64_t nvec = p.K / V::kN;
   const int64_t base0 = lane + slice * 32 * kGemvUnroll;  // this lane's first vector of a row
   // The two weight rows of a unit (the second may not exist: r1 == N).
   auto rows_of = [&](int64_t unit, const uint4*& w0, const uint4*& w1) {
-    const int64_t r0 = kSwiglu ? unit : 2 * unit;
-    const int64_t r1 = kSwiglu ? unit + p.N : 2 * unit + 1;
+    const int64_t r0 = kSw ? unit : 2 * unit;
+    const int64_t r1 = kSw ? unit + p.N : 2 * unit + 1;
     w0 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + r0 * p.K);
-    w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (kSwiglu || r1 < p.N ? r1 : r0) * p.K);
+    w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (kSw || r1 < p.N ? r1 : r0) * p.K);
   };
   uint4 a[kGemvUnroll], b[kGemvUnroll];
   auto load = [&](const uint4* w0, const uint4* w1, int64_t base) {
@@ -179,19 +197,47 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const uint4* xv = reinterpret_cast<const uint4*>(p.x);
+  const uint4* gv = reinterpret_cast<const uint4*>(p.norm_w);
   T* y = static_cast<T*>(p.y);
+  float rstd[kM];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) rstd[m] = 1.0f;
   // The same trip count for every warp of the block (the split barrier).
   for (int64_t k = 0; k < units_per_warp; ++k) {
     const int64_t unit = first + k;
     const bool live = unit < units;
     // The two weight rows of this unit and whether the second exists.
-    const int64_t r0 = kSwiglu ? unit : 2 * unit;
-    const int64_t r1 = kSwiglu ? unit + p.N : 2 * unit + 1;
-    const bool has1 = kSwiglu || r1 < p.N;
+    const int64_t r0 = kSw ? unit : 2 * unit;
+    const int64_t r1 = kSw ? unit + p.N : 2 * unit + 1;
+    const bool has1 = kSw || r1 < p.N;
+    // The epilogue's operands for this lane's row (lane m writes row m), loaded
+    // now so their L2 round trip hides under the weight stream instead of
+    // adding to the kernel's tail: the residual pair, or rope's (cos, sin)
+    // and the cache slot.
+    float res0 = 0.0f, res1 = 0.0f;
+    float2 cs = make_float2(1.0f, 0.0f);
+    int64_t slot = -1;
+    if (live && slice == 0 && lane < kM && lane < p.M) {
+      if constexpr (kMode == kResidual) {
+        const T* res = static_cast<const T*>(p.residual) + lane * p.N;
+        res0 = ToFloat(res[r0]);
+        if (has1) res1 = ToFloat(res[r1]);
+      } else if constexpr (kMode == kRopeKv) {
+        const int D = p.rope.D, h = static_cast<int>(r0 / D);
+        if (h < p.rope.Hq + p.rope.Hkv) {
+          const int i = static_cast<int>(r0 - static_cast<int64_t>(h) * D) / 2;
+          cs = p.rope.cos_sin[static_cast<int64_t>(p.rope.positions[lane]) * (D / 2) + i];
+        }
+        if (p.rope.slots != nullptr) slot = p.rope.slots[lane];
+      }
+    }
 
-    float acc[kM][2];
+    float acc[kM][kAcc];
 #pragma unroll
-    for (int m = 0; m < kM; ++m) acc[m][0] = acc[m][1] = 0.0f;
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j) acc[m][j] = 0.0f;
+    }
 
     if (live) {
       const uint4 *w0, *w1;
@@ -202,14 +248,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
         for (int u = 0; u < kGemvUnroll; ++u) {
           const int64_t i = base + 32 * u;
           if (i < nvec) {
-            float fa[V::kN], fb[V::kN];
+            float fa[V::kN], fb[V::kN], fg[V::kN];
             V::Load(a[u], fa);
             V::Load(b[u], fb);
+            if constexpr (kNorm) V::Load(__ldg(gv + i), fg);
 #pragma unroll
             for (int m = 0; m < kM; ++m) {
               if (m < p.M) {
                 float fx[V::kN];
                 V::Load(__ldg(xv + m * nvec + i), fx);
+                if constexpr (kNorm) {
+                  if (k == 0) {
+#pragma unroll
+                    for (int e = 0; e < V::kN; ++e) acc[m][2] = fmaf(fx[e], fx[e], acc[m][2]);
+                  }
+#pragma unroll
+                  for (int e = 0; e < V::kN; ++e) fx[e] *= fg[e];
+                }
 #pragma unroll
                 for (int e = 0; e < V::kN; ++e) {
                   acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
@@ -224,7 +279,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < kAcc; ++j) {
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], off);
       }
@@ -232,28 +287,75 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
     if (split > 1) {
       if (lane == 0) {
 #pragma unroll
-        for (int m = 0; m < kM; ++m) partial[warp][m][0] = acc[m][0], partial[warp][m][1] = acc[m][1];
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+          for (int j = 0; j < kAcc; ++j) partial[warp][m][j] = acc[m][j];
+        }
       }
       __syncthreads();
       if (slice == 0) {
         for (int s = 1; s < split; ++s) {
 #pragma unroll
-          for (int m = 0; m < kM; ++m) acc[m][0] += partial[warp + s][m][0], acc[m][1] += partial[warp + s][m][1];
+          for (int m = 0; m < kM; ++m) {
+#pragma unroll
+            for (int j = 0; j < kAcc; ++j) acc[m][j] += partial[warp + s][m][j];
+          }
         }
       }
       __syncthreads();
     }
     if (!live || slice != 0) continue;
-      // Lane m writes row m's outputs.
+    if constexpr (kNorm) {
+      if (k == 0) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m) rstd[m] = rsqrtf(acc[m][2] / static_cast<float>(p.K) + p.eps);
+      }
+    }
+    // Lane m writes row m's outputs.
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       if (lane == m && m < p.M) {
-        if constexpr (kSwiglu) {
-          y[m * p.N + unit] = FromFloat<T>(Silu(acc[m][0]) * acc[m][1]);
+        const float v0 = acc[m][0] * rstd[m], v1 = acc[m][1] * rstd[m];
+        if constexpr (kSw) {
+          y[m * p.N + unit] = FromFloat<T>(Silu(v0) * v1);
+        } else if constexpr (kMode == kResidual) {
+          y[m * p.N + r0] = FromFloat<T>(v0 + res0);
+          if (has1) y[m * p.N + r1] = FromFloat<T>(v1 + res1);
+        } else if constexpr (kMode == kRopeKv) {
+          // Rows r0, r0 + 1 are one head's elements (i, i + D/2) for q and k
+          // heads (the weight rows interleaved so), (e, e + 1) for v heads.
+          const GemvRopeKv& rp = p.rope;
+          const int D = rp.D, half = D / 2;
+          const int h = static_cast<int>(r0 / D), e = static_cast<int>(r0 - static_cast<int64_t>(h) * D);
+          if (h < rp.Hq + rp.Hkv) {
+            const int i = e / 2;
+            const T ta = FromFloat<T>(v0 * cs.x - v1 * cs.y), tb = FromFloat<T>(v1 * cs.x + v0 * cs.y);
+            auto put = [&](void* base, int64_t row, int heads, int hh) {
+              T* r = static_cast<T*>(base) + (row * heads + hh) * D;
+              r[i] = ta;
+              r[i + half] = tb;
+            };
+            if (h < rp.Hq) {
+              put(rp.q, m, rp.Hq, h);
+            } else {
+              if (rp.k != nullptr) put(rp.k, m, rp.Hkv, h - rp.Hq);
+              if (slot >= 0) put(rp.k_cache, slot, rp.Hkv, h - rp.Hq);
+            }
+          } else {
+            const int vh = h - rp.Hq - rp.Hkv;
+            const T ta = FromFloat<T>(v0), tb = FromFloat<T>(v1);
+            auto put = [&](void* base, int64_t row) {
+              T* r = static_cast<T*>(base) + (row * rp.Hkv + vh) * D + e;
+              r[0] = ta;
+              r[1] = tb;
+            };
+            if (rp.v != nullptr) put(rp.v, m);
+            if (slot >= 0) put(rp.v_cache, slot);
+          }
         } else {
           const T* bias = static_cast<const T*>(p.bias);
-          y[m * p.N + r0] = FromFloat<T>(Act(acc[m][0] + (bias ? ToFloat(bias[r0]) : 0.0f), p.act));
-          if (has1) y[m * p.N + r1] = FromFloat<T>(Act(acc[m][1] + (bias ? ToFloat(bias[r1]) : 0.0f), p.act));
+          y[m * p.N + r0] = FromFloat<T>(Act(v0 + (bias ? ToFloat(bias[r0]) : 0.0f), p.act));
+          if (has1) y[m * p.N + r1] = FromFloat<T>(Act(v1 + (bias ? ToFloat(bias[r1]) : 0.0f), p.act));
         }
       }
     }
@@ -262,12 +364,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
 
 // Launched as a programmatic dependent of the previous kernel (unless
 // FUSEDSERVE_PDL=0): its weight loads start during that kernel's tail.
-template <typename T, bool kSwiglu>
+template <typename T, int kMode, bool kNorm>
 CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
-  auto kernel = p.M <= 1   ? GemvKernel<T, 1, kSwiglu>
-                : p.M <= 2 ? GemvKernel<T, 2, kSwiglu>
-                : p.M <= 4 ? GemvKernel<T, 4, kSwiglu>
-                           : GemvKernel<T, 8, kSwiglu>;
+  constexpr bool kSw = kMode == kSwiglu;
+  auto kernel = p.M <= 1   ? GemvKernel<T, 1, kMode, kNorm>
+                : p.M <= 2 ? GemvKernel<T, 2, kMode, kNorm>
+                : p.M <= 4 ? GemvKernel<T, 4, kMode, kNorm>
+                           : GemvKernel<T, 8, kMode, kNorm>;
   // One wave of equal work: every warp that fits on the GPU at once gets the
   // same number of consecutive units (row pairs), so no block of a second
   // wave starts late and all warps drain together. (With one unit per warp,
@@ -275,7 +378,7 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
   // Units fewer than the resident warps are split over 2 or 4 warps.
   int64_t resident_blocks = 0;
   if (CudaStatus s = cuda::ResidentBlocks(kernel, kGemvWarps * 32, &resident_blocks); !s.ok()) return s;
-  const int64_t units = kSwiglu ? p.N : (p.N + 1) / 2;
+  const int64_t units = kSw ? p.N : (p.N + 1) / 2;
   const int64_t resident_warps = resident_blocks * kGemvWarps;
   int split = 1;
   while (split < kGemvWarps && units * split * 2 <= resident_warps) split *= 2;
@@ -289,17 +392,31 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
                             units_per_warp, split);
 }
 
-template <bool kSwiglu>
+template <bool kSw>
 CudaStatus LaunchGemvDtype(DType dtype, const GemvParams& p, cudaStream_t stream) {
+  constexpr int kMode = kSw ? kSwiglu : kLinear;
   switch (dtype) {
     case DType::kBF16:
-      return LaunchGemvT<__nv_bfloat16, kSwiglu>(p, stream);
+      return LaunchGemvT<__nv_bfloat16, kMode, false>(p, stream);
     case DType::kF16:
-      return LaunchGemvT<__half, kSwiglu>(p, stream);
+      return LaunchGemvT<__half, kMode, false>(p, stream);
     case DType::kF32:
-      return LaunchGemvT<float, kSwiglu>(p, stream);
+      return LaunchGemvT<float, kMode, false>(p, stream);
     default:
       return CudaStatus::Error("GEMV: unsupported dtype");
+  }
+}
+
+// The fused variants: 16-bit dtypes only (the model dtypes that decode runs in).
+template <int kMode, bool kNorm>
+CudaStatus LaunchGemvFusedDtype(DType dtype, const GemvParams& p, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kBF16:
+      return LaunchGemvT<__nv_bfloat16, kMode, kNorm>(p, stream);
+    case DType::kF16:
+      return LaunchGemvT<__half, kMode, kNorm>(p, stream);
+    default:
+      return CudaStatus::Unsupported("fused GEMV: bf16 and fp16 only");
   }
 }
 
@@ -412,7 +529,15 @@ bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void*
 CudaStatus LaunchGemv(const GemmParams& g, cudaStream_t stream) {
   if (!GemvSupported(g.dtype, g.M, g.K, g.x, g.w)) return CudaStatus::Error("GEMV: unsupported problem");
   if (g.N == 0) return CudaStatus::Ok();
-  const GemvParams p{g.x, g.w, g.bias, g.y, g.M, g.N, g.K, g.act};
+  GemvParams p{};
+  p.x = g.x;
+  p.w = g.w;
+  p.bias = g.bias;
+  p.y = g.y;
+  p.M = g.M;
+  p.N = g.N;
+  p.K = g.K;
+  p.act = g.act;
   return LaunchGemvDtype<false>(g.dtype, p, stream);
 }
 
@@ -420,8 +545,72 @@ CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const 
                             cudaStream_t stream) {
   if (!GemvSupported(dtype, M, D, x, gate_up)) return CudaStatus::Error("GEMV SwiGLU: unsupported problem");
   if (I == 0) return CudaStatus::Ok();
-  const GemvParams p{x, gate_up, nullptr, h, M, I, D, Activation::kNone};
+  GemvParams p{};
+  p.x = x;
+  p.w = gate_up;
+  p.y = h;
+  p.M = M;
+  p.N = I;
+  p.K = D;
+  p.act = Activation::kNone;
   return LaunchGemvDtype<true>(dtype, p, stream);
+}
+
+CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                           const GemvFusion& f, cudaStream_t stream) {
+  if (!GemvSupported(dtype, M, K, x, w)) return CudaStatus::Unsupported("fused GEMV: unsupported problem");
+  if (f.norm_weight != nullptr && !Aligned16(f.norm_weight))
+    return CudaStatus::Unsupported("fused GEMV: norm weight not 16-byte aligned");
+  if (N == 0) return CudaStatus::Ok();
+  GemvParams p{};
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.act = Activation::kNone;
+  p.residual = f.residual;
+  p.norm_w = f.norm_weight;
+  p.eps = f.eps;
+  p.rope = f.rope;
+  const bool norm = f.norm_weight != nullptr;
+  if (f.rope_kv) {
+    const GemvRopeKv& r = f.rope;
+    if (f.residual != nullptr) return CudaStatus::Unsupported("fused GEMV: rope epilogue with a residual");
+    if (r.D <= 0 || r.D % 2 != 0 || r.Hq <= 0 || r.Hkv <= 0 || N != static_cast<int64_t>(r.Hq + 2 * r.Hkv) * r.D)
+      return CudaStatus::Unsupported("fused GEMV: rope epilogue shape");
+    if (r.positions == nullptr || r.cos_sin == nullptr || r.q == nullptr ||
+        (r.slots != nullptr && (r.k_cache == nullptr || r.v_cache == nullptr)))
+      return CudaStatus::Error("fused GEMV: rope epilogue tensor missing");
+    return norm ? LaunchGemvFusedDtype<kRopeKv, true>(dtype, p, stream)
+                : LaunchGemvFusedDtype<kRopeKv, false>(dtype, p, stream);
+  }
+  if (y == nullptr) return CudaStatus::Error("fused GEMV: no output");
+  if (f.residual != nullptr) {
+    if (norm) return CudaStatus::Unsupported("fused GEMV: norm with residual");
+    return LaunchGemvFusedDtype<kResidual, false>(dtype, p, stream);
+  }
+  return norm ? LaunchGemvFusedDtype<kLinear, true>(dtype, p, stream)
+              : LaunchGemvFusedDtype<kLinear, false>(dtype, p, stream);
+}
+
+CudaStatus LaunchGemvSwigluNorm(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* norm_weight,
+                                float eps, const void* gate_up, void* h, cudaStream_t stream) {
+  if (!GemvSupported(dtype, M, D, x, gate_up) || norm_weight == nullptr || !Aligned16(norm_weight))
+    return CudaStatus::Unsupported("GEMV SwiGLU norm: unsupported problem");
+  if (I == 0) return CudaStatus::Ok();
+  GemvParams p{};
+  p.x = x;
+  p.w = gate_up;
+  p.y = h;
+  p.M = M;
+  p.N = I;
+  p.K = D;
+  p.act = Activation::kNone;
+  p.norm_w = norm_weight;
+  p.eps = eps;
+  return LaunchGemvFusedDtype<kSwiglu, true>(dtype, p, stream);
 }
 
 }  // namespace fusedserve::cuda

@@ -46,4 +46,40 @@ CudaStatus LaunchGemv(const GemmParams& args, cudaStream_t stream);
 CudaStatus LaunchGemvSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                             cudaStream_t stream);
 
+// ---- Decode fusions (the CUDA model runner's GEMV path) ----------------------
+// The QKV projection's epilogue: rope and the paged KV-cache write, so the
+// projection's output never exists. The weight rows of every q and k head
+// must be interleaved (stored row 2i = head row i, 2i + 1 = head row i + D/2)
+// so that one warp's pair of rows is a rotation pair; v heads keep their order.
+struct GemvRopeKv {
+  const int32_t* positions = nullptr;  // [M], each < table rows
+  const float2* cos_sin = nullptr;     // [max_pos, D / 2]: (cos, sin) of pos * inv_freq[i]
+  const int32_t* slots = nullptr;      // [M] cache slot of each row; nullptr: no cache write
+  void* q = nullptr;                   // [M, Hq, D]
+  void* k = nullptr;                   // [M, Hkv, D] or nullptr
+  void* v = nullptr;                   // [M, Hkv, D] or nullptr
+  void* k_cache = nullptr;             // [slots, Hkv, D]
+  void* v_cache = nullptr;             // [slots, Hkv, D]
+  int Hq = 0, Hkv = 0, D = 0;
+};
+// What LaunchGemvFused does around y = x . w^T (all optional):
+//   norm_weight  x is RMS-normalised first: y = rstd * ((x * norm_weight) . w^T),
+//                rstd = rsqrt(mean(x^2) + eps) per row, its sum of squares
+//                taken from the x loads the GEMV makes anyway;
+//   residual     y = x . w^T + residual   ([M,N]; not with rope);
+//   rope         the GemvRopeKv epilogue (y unused; N = (Hq + 2 Hkv) D).
+struct GemvFusion {
+  const void* norm_weight = nullptr;  // [K]
+  float eps = 1e-5f;
+  const void* residual = nullptr;
+  bool rope_kv = false;
+  GemvRopeKv rope;
+};
+// bf16/fp16 only; GemvSupported shapes; Unsupported otherwise.
+CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                           const GemvFusion& f, cudaStream_t stream);
+// LaunchGemvSwiglu on rms_norm(x) * norm_weight (folded in as above).
+CudaStatus LaunchGemvSwigluNorm(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* norm_weight,
+                                float eps, const void* gate_up, void* h, cudaStream_t stream);
+
 }  // namespace fusedserve::cuda

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/paged_attention.h"
@@ -55,8 +56,9 @@ __global__ void RopeKvKernel(RopeKvParams p) {
   const int h = static_cast<int>((u / half) % H3);
   const int64_t t = u / (static_cast<int64_t>(half) * H3);
   const T* src = static_cast<const T*>(p.qkv) + (t * H3 + h) * p.D;
-  float a = ToFloat(src[i]);
-  float b = ToFloat(src[i + half]);
+  const bool pair = p.interleaved && h < p.Hq + p.Hkv;
+  float a = ToFloat(src[pair ? 2 * i : i]);
+  float b = ToFloat(src[pair ? 2 * i + 1 : i + half]);
   if (h < p.Hq + p.Hkv) {
     const float2 cs = p.cos_sin[static_cast<int64_t>(p.positions[t]) * half + i];
     const float ra = a * cs.x - b * cs.y;
@@ -336,10 +338,24 @@ bool PagedAttentionSupported(int Hq, int Hkv, int D) {
 }
 
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
-  // The kernel is bound by memory latency, so it wants many CTAs in flight:
-  // about eight per SM, parts of at least ~64 keys, at most kPagedMaxSplits.
+  // One wave: at most as many CTAs as the GPU holds at once (kCtasPerSm per
+  // SM, the resident count of the GQA-4 variants: 128 registers a thread),
+  // parts of at least ~64 keys, at most kPagedMaxSplits. The earlier rule
+  // (about eight CTAs per SM, rounded up) launched 2-3 waves at B >= 16 and
+  // paid the split merge where one CTA per (row, kv head) already filled the
+  // GPU: measured on the H100 (llama-3.2-1b decode, bench/notes/
+  // decode_fusion.md) the attention of B=64 ctx 128 fell from 30 to ~12 us a
+  // layer, the step from 1.78 to 1.50 ms. FUSEDSERVE_PAGED_CTAS_PER_SM=n
+  // overrides the count.
+  constexpr int kCtasPerSm = 4;
+  static const int per_sm = [] {
+    const char* e = std::getenv("FUSEDSERVE_PAGED_CTAS_PER_SM");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v >= 1 && v <= 64 ? v : kCtasPerSm;
+  }();
   const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(R) * Hkv);
-  int s = static_cast<int>(std::min<int64_t>(kPagedMaxSplits, CeilDiv(8 * static_cast<int64_t>(sm_count), ctas)));
+  int s = static_cast<int>(
+      std::min<int64_t>(kPagedMaxSplits, std::max<int64_t>(1, per_sm * static_cast<int64_t>(sm_count) / ctas)));
   s = std::min(s, std::max(1, max_ctx / 64));
   while (s > 1 && static_cast<int64_t>(R) * s > kPagedMaxSplitRows) --s;
   return std::max(s, 1);

@@ -42,6 +42,10 @@ struct RopeKvParams {
   void* v_cache = nullptr;             // [slots, Hkv, D]
   int64_t T = 0;
   int Hq = 0, Hkv = 0, D = 0;
+  // The q and k heads of qkv hold their elements interleaved (2i = element i,
+  // 2i + 1 = element i + D/2: the weight layout of the fused rope GEMV, gemv.h);
+  // v heads and every output are in the plain order.
+  bool interleaved = false;
 };
 CudaStatus LaunchRopeKvWrite(const RopeKvParams& p, cudaStream_t stream);
 
@@ -66,8 +70,8 @@ struct PagedAttentionParams {
 
 // Head dims 16, 32, 64, 128; at most 8 query heads per kv head.
 bool PagedAttentionSupported(int Hq, int Hkv, int D);
-// Context splits for R rows: enough CTAs for about eight per SM, at most
-// kPagedMaxSplits, and R * splits <= kPagedMaxSplitRows.
+// Context splits for R rows: as many CTAs as fit on the GPU in one wave
+// (four per SM), at most kPagedMaxSplits, and R * splits <= kPagedMaxSplitRows.
 constexpr int kPagedMaxSplits = 32;
 constexpr int kPagedMaxSplitRows = 1024;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);

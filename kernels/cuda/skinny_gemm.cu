@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -27,7 +29,16 @@ struct SkinnyParams {
   const void* w;  // [N,K], or [2N,K] gate then up (SwiGLU)
   void* y;        // [M,N]
   int64_t M, N, K;
+  bool prefetch;  // first weight chunks before the PDL wait (FUSEDSERVE_SKINNY_PREFETCH=0: after)
 };
+
+bool SkinnyPrefetch() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDSERVE_SKINNY_PREFETCH");
+    return e == nullptr || e[0] != '0';
+  }();
+  return on;
+}
 
 __device__ __forceinline__ uint4 LoadWeights(const uint4* p) { return __ldcs(p); }  // read once: stream past L1/L2
 
@@ -70,21 +81,34 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams 
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[a][n][j] = 0.0f;
 
-  // Weights do not depend on the previous kernel: wait (PDL) only before x.
+  uint4 lo[kAcc][kC], hi[kAcc][kC];
+  auto load_weights = [&](int64_t c0) {
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      const int64_t c = c0 + i;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int a = 0; a < kAcc; ++a) {
+        lo[a][i] = LoadWeights(w_lo[a] + c * 4);
+        hi[a][i] = LoadWeights(w_hi[a] + c * 4);
+      }
+    }
+  };
+  // Weights do not depend on the previous kernel: the first chunks go out
+  // before the PDL wait (their HBM round trip overlaps the previous
+  // kernel's tail); only x waits.
+  const int64_t c_first = static_cast<int64_t>(slice) * kC;
+  if (live && p.prefetch) load_weights(c_first);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if (live) {
-    for (int64_t c0 = static_cast<int64_t>(slice) * kC; c0 < chunks; c0 += static_cast<int64_t>(split) * kC) {
-      uint4 lo[kAcc][kC], hi[kAcc][kC], xb[kC][kNT];
+    for (int64_t c0 = c_first; c0 < chunks; c0 += static_cast<int64_t>(split) * kC) {
+      uint4 xb[kC][kNT];
+      if (c0 != c_first || !p.prefetch) load_weights(c0);
 #pragma unroll
       for (int i = 0; i < kC; ++i) {
         const int64_t c = c0 + i;
         if (c >= chunks) break;
-#pragma unroll
-        for (int a = 0; a < kAcc; ++a) {
-          lo[a][i] = LoadWeights(w_lo[a] + c * 4);
-          hi[a][i] = LoadWeights(w_hi[a] + c * 4);
-        }
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
           const int64_t tok = n * 8 + g;
@@ -193,7 +217,7 @@ bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const voi
 CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                             cudaStream_t stream) {
   if (!SkinnyGemmSupported(dtype, M, N, K, x, w)) return CudaStatus::Unsupported("skinny GEMM: unsupported problem");
-  return LaunchDtype<false>(dtype, SkinnyParams{x, w, y, M, N, K}, stream);
+  return LaunchDtype<false>(dtype, SkinnyParams{x, w, y, M, N, K, SkinnyPrefetch()}, stream);
 }
 
 CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
@@ -201,7 +225,7 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
   if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up)) {
     return CudaStatus::Unsupported("skinny SwiGLU: unsupported problem");
   }
-  return LaunchDtype<true>(dtype, SkinnyParams{x, gate_up, h, M, I, D}, stream);
+  return LaunchDtype<true>(dtype, SkinnyParams{x, gate_up, h, M, I, D, SkinnyPrefetch()}, stream);
 }
 
 }  // namespace fusedserve::cuda

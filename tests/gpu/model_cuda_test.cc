@@ -56,7 +56,8 @@ struct Pair {
 // tensor_parallel > 0: the tensor-parallel path over that many GPUs (one
 // included: the path is forced).
 Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool graphs = true,
-              ConfigLookup tuned = nullptr, bool compare_decode_graphs = false, int tensor_parallel = 0) {
+              ConfigLookup tuned = nullptr, bool compare_decode_graphs = false,
+              int decode_fusion = CudaModelRunnerOptions{}.decode_fusion, int tensor_parallel = 0) {
   Pair p;
   auto cpu = MakeCpuModelRunner(ModelWeights::Random(c, 7), 0);
   EXPECT_TRUE(cpu.ok()) << cpu.status();
@@ -67,6 +68,7 @@ Pair MakePair(const ModelConfig& c, int64_t blocks, int64_t block_size, bool gra
   o.max_graph_batch = 8;
   o.tuned = std::move(tuned);
   o.compare_decode_graphs = compare_decode_graphs;
+  o.decode_fusion = decode_fusion;
   o.tensor_parallel = std::max(1, tensor_parallel);
   o.force_tensor_parallel_path = tensor_parallel > 0;
   auto gpu = MakeCudaModelRunner(ModelWeights::Random(c, 7), o);
@@ -296,6 +298,57 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
   EXPECT_GE(exact, total * 9 / 10);
 }
 
+// The fused decode layers (CudaModelRunnerOptions::decode_fusion: rope +
+// cache write in the QKV GEMV, norms folded into the GEMVs with the residual
+// adds in their epilogues, and both) against the unfused kernels and the CPU
+// runner: decode steps of 1, 2 and 4 sequences (the GEMV buckets), from
+// graphs and eagerly, logits of every step. (The environment's
+// FUSEDSERVE_DECODE_FUSION, when set, overrides every runner's mask.)
+TEST_P(ModelCudaTest, FusedDecodeMatchesUnfused) {
+  const ModelConfig c = Config();
+  const int64_t bs = 16;
+  for (int mask : {1, 2, 3}) {
+    for (bool graphs : {true, false}) {
+      for (int64_t B : {1, 2, 4}) {
+        if (!graphs && B == 2) continue;
+        Pair fused = MakePair(c, 4 * B, bs, graphs, nullptr, false, mask);
+        Pair plain = MakePair(c, 4 * B, bs, graphs, nullptr, false, /*decode_fusion=*/0);
+        ASSERT_TRUE(fused.gpu != nullptr && plain.gpu != nullptr);
+        std::mt19937 rng(static_cast<unsigned>(100 + B));
+        std::vector<Seq> seqs(B);
+        for (int64_t b = 0; b < B; ++b) {
+          for (int t = 0; t < 5 + 7 * b; ++t) seqs[b].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+          seqs[b].blocks = {static_cast<int32_t>(2 * b), static_cast<int32_t>(2 * b + 1)};
+        }
+        double worst_cpu = 0, worst_plain = 0;
+        for (int step = 0; step < 5; ++step) {  // step 0 prefills the prompts, then decodes
+          std::vector<SeqForward> batch;
+          for (const Seq& s : seqs) batch.push_back(s.Next());
+          std::vector<float> lc, lf, lp;
+          ASSERT_TRUE(fused.cpu->ForwardLogits(batch, &lc).ok());
+          absl::Status st = fused.gpu->ForwardLogits(batch, &lf);
+          ASSERT_TRUE(st.ok()) << st;
+          st = plain.gpu->ForwardLogits(batch, &lp);
+          ASSERT_TRUE(st.ok()) << st;
+          for (int64_t b = 0; b < B; ++b) {
+            const double ec = RelErrorNorm(lf.data() + b * c.vocab, lc.data() + b * c.vocab, c.vocab);
+            const double ep = RelErrorNorm(lf.data() + b * c.vocab, lp.data() + b * c.vocab, c.vocab);
+            worst_cpu = std::max(worst_cpu, ec);
+            worst_plain = std::max(worst_plain, ep);
+            EXPECT_LT(ec, Tolerance(c)) << "mask " << mask << " B=" << B << " step " << step << " seq " << b;
+            EXPECT_LT(ep, Tolerance(c)) << "mask " << mask << " B=" << B << " step " << step << " seq " << b;
+            Seq& s = seqs[b];
+            s.cached = static_cast<int64_t>(s.tokens.size());
+            s.tokens.push_back(Argmax(lc.data() + b * c.vocab, c.vocab));
+          }
+        }
+        std::printf("[%s] fused decode mask %d B=%ld%s: worst logits rel err %.3e vs CPU, %.3e vs unfused\n",
+                    c.name.c_str(), mask, static_cast<long>(B), graphs ? " (graphs)" : "", worst_cpu, worst_plain);
+      }
+    }
+  }
+}
+
 // Decode steps of 12 and 24 sequences: more rows than the GEMV takes, so
 // (bf16 configs) the projections run on the tensor-core skinny GEMM.
 // Logits of every decode step against the CPU runner.
@@ -424,7 +477,7 @@ TEST_P(ModelCudaTest, TensorParallelMatchesCpu) {
     }
   }
   std::printf("[%s] tensor parallel over %d GPU(s)\n", c.name.c_str(), n);
-  Pair p = MakePair(c, 64, 16, /*graphs=*/true, nullptr, false, n);
+  Pair p = MakePair(c, 64, 16, /*graphs=*/true, nullptr, false, CudaModelRunnerOptions{}.decode_fusion, n);
   ASSERT_TRUE(p.gpu != nullptr);
   ExpectDecodeMatchesCpu(c, p, 3);
   ExpectLayersMatchCpu(c, p);

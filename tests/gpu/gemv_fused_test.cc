@@ -1,0 +1,287 @@
+// The decode fusions of the GEMV (kernels/cuda/gemv.h: LaunchGemvFused,
+// LaunchGemvSwigluNorm) against host references in double: the RMS norm
+// folded into the GEMV, the residual epilogue, the SwiGLU gate on the normed
+// x, and the QKV epilogue with rope and the paged KV-cache write. bf16 and
+// fp16, one row and several (the kernel's M tiles 1, 2, 4, 8), fresh random
+// inputs per case, outputs poisoned (NaN) before each launch. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/gemv.h"
+#include "kernels/dtype.h"
+#include "tests/gpu/rel_error.h"
+
+namespace fusedserve {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Host values rounded to the dtype (the device sees exactly these).
+struct Host {
+  DType dt;
+  std::vector<uint16_t> bits;
+  std::vector<float> f;
+  Host(DType d, size_t n, std::mt19937& rng, float scale) : dt(d), bits(n), f(n) {
+    std::normal_distribution<float> nd(0.0f, scale);
+    for (size_t i = 0; i < n; ++i) Set(i, nd(rng));
+  }
+  void Set(size_t i, float v) {
+    bits[i] = dt == DType::kBF16 ? FloatToBf16(v) : FloatToHalf(v);
+    f[i] = dt == DType::kBF16 ? Bf16ToFloat(bits[i]) : HalfToFloat(bits[i]);
+  }
+};
+
+float ToF(DType dt, uint16_t b) { return dt == DType::kBF16 ? Bf16ToFloat(b) : HalfToFloat(b); }
+
+// Device copy of 16-bit values, or `n` poisoned (0xffff: NaN in bf16 and fp16) ones.
+struct Dev {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, n * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0xff, n * 2), cudaSuccess);
+  }
+  explicit Dev(const std::vector<uint16_t>& v) : Dev(v.size()) {
+    EXPECT_EQ(cudaMemcpy(p, v.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<float> Get(DType dt) const {
+    std::vector<uint16_t> b(n);
+    EXPECT_EQ(cudaMemcpy(b.data(), p, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; ++i) f[i] = ToF(dt, b[i]);
+    return f;
+  }
+};
+
+// rms_norm(x[m]) * g, in double.
+std::vector<double> Normed(const std::vector<float>& x, const std::vector<float>& g, int64_t M, int64_t K, double eps) {
+  std::vector<double> h(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    double ss = 0;
+    for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(x[m * K + k]) * x[m * K + k];
+    const double r = 1.0 / std::sqrt(ss / K + eps);
+    for (int64_t k = 0; k < K; ++k) h[m * K + k] = x[m * K + k] * r * g[k];
+  }
+  return h;
+}
+
+// y[m, n] = sum_k h[m, k] w[n, k].
+std::vector<double> MatVec(const std::vector<double>& h, const std::vector<float>& w, int64_t M, int64_t N, int64_t K) {
+  std::vector<double> y(M * N);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += h[m * K + k] * w[n * K + k];
+      y[m * N + n] = s;
+    }
+  }
+  return y;
+}
+
+std::vector<float> ToFloats(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+
+bool AllFinite(const std::vector<float>& v) {
+  for (float f : v)
+    if (!std::isfinite(f)) return false;
+  return true;
+}
+
+constexpr double kTol = 1e-2;  // bf16 output rounding is ~4e-3 relative
+
+class GemvFusedTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// y = rstd * ((x * g) . w^T) (the LM head on the final norm), odd N included.
+TEST_P(GemvFusedTest, NormLinear) {
+  const DType dt = GetParam();
+  std::mt19937 rng(11);
+  for (int64_t M : {1, 2, 3, 8}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{1001, 512}, {64, 2048}}) {
+      Host x(dt, M * K, rng, 3.0f), w(dt, N * K, rng, 0.05f), g(dt, K, rng, 1.0f);
+      Dev dx(x.bits), dw(w.bits), dg(g.bits), dy(M * N);
+      cuda::GemvFusion f;
+      f.norm_weight = dg.p;
+      f.eps = 1e-5f;
+      ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, K, dx.p, dw.p, dy.p, f, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = dy.Get(dt);
+      const std::vector<float> want = ToFloats(MatVec(Normed(x.f, g.f, M, K, 1e-5), w.f, M, N, K));
+      ASSERT_TRUE(AllFinite(got)) << "M " << M << " N " << N;
+      const double e = RelErrorNorm(got, want);
+      EXPECT_LT(e, kTol) << "M " << M << " N " << N << " K " << K;
+    }
+  }
+}
+
+// y = x . w^T + residual (o_proj and down with the residual add).
+TEST_P(GemvFusedTest, Residual) {
+  const DType dt = GetParam();
+  std::mt19937 rng(12);
+  for (int64_t M : {1, 4, 5}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{512, 1536}, {2048, 512}}) {
+      Host x(dt, M * K, rng, 1.0f), w(dt, N * K, rng, 0.05f), r(dt, M * N, rng, 2.0f);
+      Dev dx(x.bits), dw(w.bits), dr(r.bits), dy(M * N);
+      cuda::GemvFusion f;
+      f.residual = dr.p;
+      ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, K, dx.p, dw.p, dy.p, f, nullptr).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<double> xd(x.f.begin(), x.f.end());
+      std::vector<double> want = MatVec(xd, w.f, M, N, K);
+      for (int64_t i = 0; i < M * N; ++i) want[i] += r.f[i];
+      const std::vector<float> got = dy.Get(dt);
+      ASSERT_TRUE(AllFinite(got));
+      EXPECT_LT(RelErrorNorm(got, ToFloats(want)), kTol) << "M " << M << " N " << N;
+    }
+  }
+}
+
+// h = silu(n . gate^T) * (n . up^T), n = rms_norm(x) * g.
+TEST_P(GemvFusedTest, SwigluNorm) {
+  const DType dt = GetParam();
+  std::mt19937 rng(13);
+  for (int64_t M : {1, 2, 7}) {
+    const int64_t D = 512, I = 1536;
+    Host x(dt, M * D, rng, 2.0f), w(dt, 2 * I * D, rng, 0.05f), g(dt, D, rng, 1.0f);
+    Dev dx(x.bits), dw(w.bits), dg(g.bits), dh(M * I);
+    ASSERT_TRUE(cuda::LaunchGemvSwigluNorm(dt, M, D, I, dx.p, dg.p, 1e-6f, dw.p, dh.p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<double> gu = MatVec(Normed(x.f, g.f, M, D, 1e-6), w.f, M, 2 * I, D);
+    std::vector<float> want(M * I);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t i = 0; i < I; ++i) {
+        const double a = gu[m * 2 * I + i], b = gu[m * 2 * I + I + i];
+        want[m * I + i] = static_cast<float>(a / (1.0 + std::exp(-a)) * b);
+      }
+    }
+    const std::vector<float> got = dh.Get(dt);
+    ASSERT_TRUE(AllFinite(got));
+    EXPECT_LT(RelErrorNorm(got, want), kTol) << "M " << M;
+  }
+}
+
+// QKV with the norm folded in and the rope + paged cache epilogue: q (and
+// dense k/v when asked) and the cache rows of each token's slot against
+// qkv = rms_norm(x) . W^T (W in the plain order; the device gets its q/k head
+// rows interleaved) rotated with a host cos/sin table; other slots untouched.
+TEST_P(GemvFusedTest, QkvRopeKvCache) {
+  const DType dt = GetParam();
+  std::mt19937 rng(14);
+  for (int D : {64, 128}) {
+    for (int64_t M : {1, 3, 8}) {
+      for (bool dense : {false, true}) {
+        const int Hq = 8, Hkv = 2, K = 512, half = D / 2, max_pos = 300, num_slots = 64;
+        const int64_t N = static_cast<int64_t>(Hq + 2 * Hkv) * D;
+        Host x(dt, M * K, rng, 2.0f), w(dt, N * K, rng, 0.05f), g(dt, K, rng, 1.0f);
+        // Interleave each q/k head's rows i and i + D/2.
+        std::vector<uint16_t> wi = w.bits;
+        for (int h = 0; h < Hq + Hkv; ++h) {
+          for (int i = 0; i < half; ++i) {
+            std::memcpy(&wi[(static_cast<int64_t>(h) * D + 2 * i) * K], &w.bits[(static_cast<int64_t>(h) * D + i) * K],
+                        K * 2);
+            std::memcpy(&wi[(static_cast<int64_t>(h) * D + 2 * i + 1) * K],
+                        &w.bits[(static_cast<int64_t>(h) * D + i + half) * K], K * 2);
+          }
+        }
+        std::vector<float2> cs(static_cast<size_t>(max_pos) * half);
+        for (int p = 0; p < max_pos; ++p) {
+          for (int i = 0; i < half; ++i) {
+            const double a = p * std::pow(500000.0, -2.0 * i / D);
+            cs[p * half + i] = make_float2(static_cast<float>(std::cos(a)), static_cast<float>(std::sin(a)));
+          }
+        }
+        std::vector<int32_t> pos(M), slot(M);
+        std::vector<int32_t> perm(num_slots);
+        for (int i = 0; i < num_slots; ++i) perm[i] = i;
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int64_t m = 0; m < M; ++m) {
+          pos[m] = static_cast<int32_t>(rng() % max_pos);
+          slot[m] = perm[m];
+        }
+        Dev dx(x.bits), dw(wi), dg(g.bits), dq(M * Hq * D), dk(M * Hkv * D), dv(M * Hkv * D);
+        Dev kc(static_cast<size_t>(num_slots) * Hkv * D), vc(static_cast<size_t>(num_slots) * Hkv * D);
+        float2* dcs = nullptr;
+        int32_t *dpos = nullptr, *dslot = nullptr;
+        ASSERT_EQ(cudaMalloc(&dcs, cs.size() * sizeof(float2)), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dpos, M * 4), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dslot, M * 4), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dcs, cs.data(), cs.size() * sizeof(float2), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dpos, pos.data(), M * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dslot, slot.data(), M * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        cuda::GemvFusion f;
+        f.norm_weight = dg.p;
+        f.eps = 1e-5f;
+        f.rope_kv = true;
+        f.rope = {dpos, dcs, dslot, dq.p, dense ? dk.p : nullptr, dense ? dv.p : nullptr, kc.p, vc.p, Hq, Hkv, D};
+        ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, K, dx.p, dw.p, nullptr, f, nullptr).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<double> qkv = MatVec(Normed(x.f, g.f, M, K, 1e-5), w.f, M, N, K);
+        // Reference q [M,Hq,D], k and v [M,Hkv,D].
+        std::vector<float> wq(M * Hq * D), wk(M * Hkv * D), wv(M * Hkv * D);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int h = 0; h < Hq + 2 * Hkv; ++h) {
+            const double* src = &qkv[m * N + static_cast<int64_t>(h) * D];
+            float* dst = h < Hq         ? &wq[(m * Hq + h) * D]
+                         : h < Hq + Hkv ? &wk[(m * Hkv + h - Hq) * D]
+                                        : &wv[(m * Hkv + h - Hq - Hkv) * D];
+            for (int i = 0; i < half; ++i) {
+              if (h < Hq + Hkv) {
+                const float2 c = cs[pos[m] * half + i];
+                dst[i] = static_cast<float>(src[i] * c.x - src[i + half] * c.y);
+                dst[i + half] = static_cast<float>(src[i + half] * c.x + src[i] * c.y);
+              } else {
+                dst[i] = static_cast<float>(src[i]);
+                dst[i + half] = static_cast<float>(src[i + half]);
+              }
+            }
+          }
+        }
+        const std::vector<float> gq = dq.Get(dt), gkc = kc.Get(dt), gvc = vc.Get(dt);
+        ASSERT_TRUE(AllFinite(gq));
+        EXPECT_LT(RelErrorNorm(gq, wq), kTol) << "q, D " << D << " M " << M;
+        std::vector<float> got_k(M * Hkv * D), got_v(M * Hkv * D);
+        for (int64_t m = 0; m < M; ++m) {
+          std::memcpy(&got_k[m * Hkv * D], &gkc[static_cast<int64_t>(slot[m]) * Hkv * D], Hkv * D * 4);
+          std::memcpy(&got_v[m * Hkv * D], &gvc[static_cast<int64_t>(slot[m]) * Hkv * D], Hkv * D * 4);
+        }
+        ASSERT_TRUE(AllFinite(got_k) && AllFinite(got_v)) << "D " << D << " M " << M;
+        EXPECT_LT(RelErrorNorm(got_k, wk), kTol) << "k cache, D " << D << " M " << M;
+        EXPECT_LT(RelErrorNorm(got_v, wv), kTol) << "v cache, D " << D << " M " << M;
+        // Slots no row owns keep their poison.
+        int64_t touched = 0;
+        for (float v : gkc) touched += std::isfinite(v) ? 1 : 0;
+        EXPECT_EQ(touched, M * Hkv * D);
+        if (dense) {
+          const std::vector<float> gk = dk.Get(dt), gv = dv.Get(dt);
+          EXPECT_LT(RelErrorNorm(gk, wk), kTol) << "dense k";
+          EXPECT_LT(RelErrorNorm(gv, wv), kTol) << "dense v";
+        }
+        cudaFree(dcs);
+        cudaFree(dpos);
+        cudaFree(dslot);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GemvFusedTest, ::testing::Values(DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(i.param == DType::kBF16 ? "bf16" : "fp16");
+                         });
+
+}  // namespace
+}  // namespace fusedserve

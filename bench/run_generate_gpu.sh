@@ -18,12 +18,13 @@ for c in 1 16 64; do
   "$b/env.sh" "$b/bin/fusedserve_loadgen" --target=127.0.0.1:50151 --metrics=127.0.0.1:9191 --rpc=generate \
       --prompt_len=128 --max_new_tokens=128 --concurrency=$c --duration_s=8 --warmup_s=2 --label="$server generate c=$c"
 done
-# Prefix caching: TTFT of a 2048-token prompt, unique vs. its first 2032
-# tokens shared with earlier requests (the server's prefix cache).
-for shared in 0 2032; do
+# TTFT of unique 512- and 2048-token prompts (prefill), and of a 2048-token
+# prompt whose first 2032 tokens were seen before (the prefix cache).
+for spec in 512:0 2048:0 2048:2032; do
+  len=${spec%:*} shared=${spec#*:}
   "$b/env.sh" "$b/bin/fusedserve_loadgen" --target=127.0.0.1:50151 --metrics=127.0.0.1:9191 --rpc=generate \
-      --prompt_len=2048 --shared_prefix_len=$shared --max_new_tokens=1 --concurrency=1 --duration_s=4 --warmup_s=1 \
-      --label="$server ttft prompt 2048, shared $shared"
+      --prompt_len=$len --shared_prefix_len=$shared --max_new_tokens=1 --concurrency=1 --duration_s=4 --warmup_s=1 \
+      --label="$server ttft prompt $len, shared $shared"
 done
 curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(prefix_cache_hit_tokens_total|prompt_tokens_total)"
 curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(generated_tokens_total|time_per_output_token_seconds_(sum|count)|time_to_first_token_seconds_(sum|count))"

@@ -13,7 +13,12 @@
 // device-to-device copy bandwidth measured in the same run (read + write),
 // as in docs/peers.md. Medians of 50 steps after 5 warm-up steps.
 //   1b. prefill steps of the 1B model: B = 1, 4 prompts of 512 and 2048 tokens.
-// FS_BENCH=decode|prefill|engine|8b|gemm: that section only.
+//   1c. later prefill chunks of the 1B model (FS_BENCH=chunk only): a chunk
+//      at start > 0 (prefix-cache hit, chunked prefill) on the flash kernel
+//      over its K/V gathered from the cache vs on paged attention
+//      (FUSEDSERVE_CHUNK_FLASH=0 for the second runner), beside the whole
+//      prompt from position 0.
+// FS_BENCH=decode|prefill|chunk|engine|8b|gemm: that section only.
 // FS_TUNE=1: runners on tuned configs (the model's envelope tuned first).
 // FS_TP=N: runners split over N GPUs (tensor parallelism over NCCL; N=1
 // takes that path on one GPU: what the rank thread and a one-rank
@@ -29,6 +34,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -233,6 +239,34 @@ void PrefillTable(const ModelConfig& c) {
   }
 }
 
+// Later chunks: B sequences whose first `start` tokens are cached, the rest
+// (n tokens) in one Forward; the flash path vs paged attention (a second
+// runner made with FUSEDSERVE_CHUNK_FLASH=0, read at its creation).
+void ChunkTable(const ModelConfig& c) {
+  const int64_t bs = 16, max_s = 2048, per_seq = max_s / bs + 1;
+  std::unique_ptr<ModelRunner> flash = MakeRunner(c, 8192, 4 * per_seq + 16, bs);
+  setenv("FUSEDSERVE_CHUNK_FLASH", "0", 1);
+  std::unique_ptr<ModelRunner> paged = MakeRunner(c, 8192, 4 * per_seq + 16, bs);
+  unsetenv("FUSEDSERVE_CHUNK_FLASH");
+  std::printf("\n1c. later prefill chunk, %s (one Forward of n tokens after `start` cached ones)\n", c.name.c_str());
+  std::printf("%4s %6s %6s %10s %10s %10s %10s\n", "B", "start", "n", "flash_ms", "TFLOP/s", "paged_ms", "speedup");
+  const double params = static_cast<double>(c.NumParameters()) - static_cast<double>(c.vocab) * c.hidden;
+  for (auto [B, start, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 0, 2048},
+                             {1, 128, 1920},
+                             {1, 1024, 1024},
+                             {1, 1536, 512},
+                             {4, 128, 1920}}) {
+    Batch batch(B, start, n, per_seq, c.vocab);
+    const double f = MedianForwardMs(*flash, batch.seqs, 20);
+    const double pg = MedianForwardMs(*paged, batch.seqs, 20);
+    // GEMMs of B*n rows (LM head on B rows) and causal attention of n rows over start + their own keys.
+    const double flops =
+        2.0 * B * n * params + 2.0 * B * c.vocab * c.hidden + 4.0 * B * n * (start + n / 2.0) * c.q_dim() * c.layers;
+    std::printf("%4ld %6ld %6ld %10.3f %10.0f %10.3f %9.2fx\n", static_cast<long>(B), static_cast<long>(start),
+                static_cast<long>(n), f, flops / (f * 1e-3) / 1e12, pg, pg / f);
+  }
+}
+
 void EngineTable(const ModelConfig& c, double bw) {
   const int64_t bs = 16;
   EngineOptions eo;
@@ -390,6 +424,7 @@ int Main() {
   const std::string sel = only == nullptr ? "" : only;
   if (sel.empty() || sel == "decode") DecodeTable(c, bw);
   if (sel.empty() || sel == "prefill") PrefillTable(c);
+  if (sel == "chunk") ChunkTable(c);
   if (sel.empty() || sel == "engine") EngineTable(c, bw);
   if (sel.empty() || sel == "8b") Layer8bTable(bw);
   if (sel.empty() || sel == "gemm") GemmAlgoTable(c, bw);

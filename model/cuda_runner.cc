@@ -5,7 +5,9 @@
 //               extra block is where the padding rows of a graph bucket write.
 //   step        embedding gather -> per layer: rms_norm, QKV GEMM, rope + cache
 //               write (paged_attention.h), attention (flash prefill for
-//               sequences starting at position 0, paged attention through the
+//               sequences starting at position 0 and, on the Hopper kernel,
+//               later chunks of at least kChunkFlashMinRows rows over their
+//               K/V gathered from the cache; paged attention through the
 //               block tables for everything else), o_proj GEMM, add_rms_norm,
 //               SwiGLU MLP, add_rms_norm -> final norm -> last-token rows ->
 //               LM head -> device argmax; the B token ids (and logits rows of
@@ -53,6 +55,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/argmax.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_hopper.h"
 #include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
@@ -67,6 +70,12 @@
 
 namespace fusedserve {
 namespace {
+
+// A later prefill chunk (start > 0: chunked prefill, prefix-cache hit) of at
+// least this many rows runs the flash kernel over its whole context gathered
+// from the cache; paged attention re-reads the context once per query row
+// (1920 rows over 2048 keys: ~20 ms a step on the H100 for the 1B model).
+constexpr int64_t kChunkFlashMinRows = 16;
 
 // A runtime call's error as a status (the one conversion, CudaToAbsl).
 absl::Status Cuda(cudaError_t e, const char* what) { return CudaToAbsl(CheckCuda(e, what, __FILE__, __LINE__)); }
@@ -106,6 +115,7 @@ class CudaModelRunner final : public ModelRunner {
     int64_t T = 0, B = 0, R = 0;  // token rows, sequences, paged query rows
     bool use_flash = false;       // flash prefill over every sequence (rows of the others redone by paged)
     int64_t max_prefill = 0;      // longest sequence in the flash launch
+    int64_t Tk = 0;               // > 0: the flash launch's K/V, Tk rows, gathered from the cache (chunks)
     int splits = 1;               // paged attention context splits
     bool block_layers = false;    // TransformerBlock: the dense k/v of the step are the "cache"
     int64_t block_size = 0;       // TransformerBlock: S
@@ -150,6 +160,10 @@ class CudaModelRunner final : public ModelRunner {
                        c_.head_dim, ", ", c_.q_heads, "/", c_.kv_heads, ")"));
     }
     flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
+    const char* chunk_env = std::getenv("FUSEDSERVE_CHUNK_FLASH");  // "0": later chunks on paged attention
+    chunk_flash_ = flash_ok_ && cuda::HopperAttentionAvailable() &&
+                   cuda::HopperAttentionSupports(dt_, static_cast<int>(c_.head_dim)) &&
+                   !(chunk_env != nullptr && std::string(chunk_env) == "0");
 
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
@@ -270,6 +284,13 @@ class CudaModelRunner final : public ModelRunner {
     int64_t max_ctx = 1;
     if (absl::Status status = StageIndices(batch, bucket, &st, &max_ctx); !status.ok()) return status;
     if (absl::Status status = UploadIndices(); !status.ok()) return status;
+    if (st.Tk > 0) {
+      if (absl::Status status = Cuda(cudaMemcpyAsync(dkv_.get(), hkv_.as<int32_t>(), kv_idx_ * sizeof(int32_t),
+                                                     cudaMemcpyHostToDevice, stream_),
+                                     "chunk index upload");
+          !status.ok())
+        return status;
+    }
     if (graph != nullptr) {
       if (absl::Status status = Cuda(cudaGraphLaunch(graph->exec, stream_), "cudaGraphLaunch"); !status.ok())
         return status;
@@ -299,20 +320,30 @@ class CudaModelRunner final : public ModelRunner {
   // Lays out and fills the host staging of the step's indices: per token
   // row its token, position and cache slot; per paged query row its row,
   // sequence and context; per sequence its length, last row and block table;
-  // then the padding rows up to `bucket`. Sets st->use_flash, max_prefill, R.
+  // then the padding rows up to `bucket`. Sets st->use_flash, max_prefill,
+  // R and, when a later chunk runs flash, Tk (StageChunks).
   absl::Status StageIndices(const std::vector<SeqForward>& batch, int64_t bucket, Step* st, int64_t* max_ctx) {
     const int64_t B = static_cast<int64_t>(batch.size());
     int64_t R = 0;
+    // The flash launch covers every sequence of the step; its rows count for
+    // those at position 0 and the long later chunks, paged redoes the others.
+    auto chunk = [&](const SeqForward& s) { return chunk_flash_ && s.start > 0 && s.num_tokens >= kChunkFlashMinRows; };
+    bool any_chunk = false;
     for (const SeqForward& s : batch) {
-      if (flash_ok_ && s.start == 0 && s.num_tokens > 1) st->use_flash = true;
-      if (s.start == 0) st->max_prefill = std::max(st->max_prefill, s.num_tokens);
+      if (flash_ok_ && ((s.start == 0 && s.num_tokens > 1) || chunk(s))) st->use_flash = true;
+      any_chunk = any_chunk || chunk(s);
     }
+    auto in_flash = [&](const SeqForward& s) { return st->use_flash && (s.start == 0 || chunk(s)); };
     // Block tables go up as wide as this step's longest sequence needs, not
     // as wide as the longest sequence the cache could hold.
     int64_t width = 1;
     for (const SeqForward& s : batch) {
-      R += st->use_flash && s.start == 0 ? 0 : s.num_tokens;
+      if (in_flash(s)) st->max_prefill = std::max(st->max_prefill, s.num_tokens);
+      R += in_flash(s) ? 0 : s.num_tokens;
       width = std::max(width, (s.start + s.num_tokens + block_size_ - 1) / block_size_);
+    }
+    if (any_chunk) {
+      if (absl::Status status = StageChunks(batch, in_flash, st); !status.ok()) return status;
     }
     ix_.Layout(std::max(st->T, bucket), std::max(R, bucket), std::max(B, bucket), std::max(B, bucket) * width);
     int32_t* h = hidx_.as<int32_t>();
@@ -323,7 +354,7 @@ class CudaModelRunner final : public ModelRunner {
       const SeqForward& s = batch[b];
       const int64_t nb = (s.start + s.num_tokens + block_size_ - 1) / block_size_;
       std::copy_n(s.block_table, nb, h + ix_.block_tables + b * width);
-      const bool paged = !(st->use_flash && s.start == 0);
+      const bool paged = !in_flash(s);
       for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
         const int32_t tok = s.tokens[i];
         if (tok < 0 || tok >= c_.vocab) return absl::InternalError("token id out of range");
@@ -344,6 +375,45 @@ class CudaModelRunner final : public ModelRunner {
     }
     StagePadding(B, bucket, width);
     st->R = R;
+    return absl::OkStatus();
+  }
+
+  // The flash launch's k_starts and the cache slots of its K/V rows (hkv_,
+  // uploaded to dkv_): a sequence in the launch gets keys [0, start + n) and
+  // k_start = start; the others (redone by paged attention) their own rows
+  // at k_start 0. Grows the gather buffers when the step needs more rows.
+  template <typename InFlash>
+  absl::Status StageChunks(const std::vector<SeqForward>& batch, const InFlash& in_flash, Step* st) {
+    const int64_t B = static_cast<int64_t>(batch.size());
+    int64_t Tk = 0;
+    for (const SeqForward& s : batch) Tk += in_flash(s) ? s.start + s.num_tokens : s.num_tokens;
+    if (Tk > (int64_t{1} << 30)) return absl::InvalidArgumentError("step context too long");
+    const int64_t slots_at = (B + 31) / 32 * 32;
+    kv_idx_ = slots_at + Tk;
+    const size_t row_bytes = static_cast<size_t>(c_.kv_dim()) * es_;
+    if (kv_idx_ * sizeof(int32_t) > dkv_.size() || Tk * row_bytes > kg_.size()) {
+      if (absl::Status status = Cuda(cudaStreamSynchronize(stream_), "sync before growing chunk buffers"); !status.ok())
+        return status;
+      const int64_t idx = std::max<int64_t>(kv_idx_, 2 * static_cast<int64_t>(dkv_.size() / sizeof(int32_t)));
+      const int64_t rows = std::max<int64_t>(Tk, 2 * static_cast<int64_t>(kg_.size() / row_bytes));
+      if (absl::Status status = CudaToAbsl(dkv_.Allocate(idx * sizeof(int32_t)), "chunk indices"); !status.ok())
+        return status;
+      if (absl::Status status = CudaToAbsl(hkv_.Allocate(idx * sizeof(int32_t)), "host chunk indices"); !status.ok())
+        return status;
+      if (absl::Status status = CudaToAbsl(kg_.Allocate(rows * row_bytes), "chunk K"); !status.ok()) return status;
+      if (absl::Status status = CudaToAbsl(vg_.Allocate(rows * row_bytes), "chunk V"); !status.ok()) return status;
+    }
+    int32_t* h = hkv_.as<int32_t>();
+    int64_t k = slots_at;
+    for (int64_t b = 0; b < B; ++b) {
+      const SeqForward& s = batch[b];
+      const int64_t first = in_flash(s) ? 0 : s.start;
+      h[b] = static_cast<int32_t>(s.start - first);
+      for (int64_t pos = first; pos < s.start + s.num_tokens; ++pos) {
+        h[k++] = static_cast<int32_t>(s.block_table[pos / block_size_] * block_size_ + pos % block_size_);
+      }
+    }
+    st->Tk = Tk;
     return absl::OkStatus();
   }
 
@@ -911,6 +981,24 @@ class CudaModelRunner final : public ModelRunner {
       a.q = q_.get();
       a.k = k_.get();
       a.v = v_.get();
+      if (st.Tk > 0) {
+        // Later chunks: every sequence's keys from the cache (this layer's
+        // rows of the step are already there: rope_kv_write ran).
+        const int64_t row_bytes = c_.kv_dim() * es_;
+        const int32_t* slots = dkv_.as<int32_t>() + (st.B + 31) / 32 * 32;
+        if (absl::Status status = CudaToAbsl(
+                cuda::LaunchGatherRows(KCache(l), slots, st.Tk, row_bytes, kg_.get(), stream_), "chunk K gather");
+            !status.ok())
+          return status;
+        if (absl::Status status = CudaToAbsl(
+                cuda::LaunchGatherRows(VCache(l), slots, st.Tk, row_bytes, vg_.get(), stream_), "chunk V gather");
+            !status.ok())
+          return status;
+        a.k = kg_.get();
+        a.v = vg_.get();
+        a.k_starts = dkv_.as<int32_t>();
+        a.Tk = static_cast<int>(st.Tk);
+      }
       a.o = ao_.get();
       a.seq_lens = Idx(ix_.seq_lens);
       a.B = static_cast<int>(st.B);
@@ -921,8 +1009,12 @@ class CudaModelRunner final : public ModelRunner {
       a.D = Dh;
       a.causal = true;
       a.scale = scale;
-      if (absl::Status status = CudaToAbsl(
-              LaunchAttentionConfig(a, Tuned(ModelKernel::kAttention, st.T), sm_count_, stream_), "attention prefill");
+      cuda::AttentionConfig ac;
+      if (!cuda::ParseAttentionConfig(Tuned(ModelKernel::kAttention, st.T), &ac) ||
+          (st.Tk > 0 && ac.hopper_stages == 0)) {
+        ac = cuda::DefaultAttentionConfig(a, sm_count_);  // k_starts: the Hopper kernel (chunk_flash_)
+      }
+      if (absl::Status status = CudaToAbsl(cuda::LaunchAttentionPrefill(a, ac, stream_), "attention prefill");
           !status.ok())
         return status;
       if (st.block_layers) return absl::OkStatus();
@@ -1103,7 +1195,8 @@ class CudaModelRunner final : public ModelRunner {
   size_t es_ = 2;
   int sm_count_ = 0;
   bool flash_ok_ = false;
-  int fuse_ = 0;  // decode fusion mask: options.decode_fusion, or FUSEDSERVE_DECODE_FUSION
+  bool chunk_flash_ = false;  // later prefill chunks run flash (Hopper kernel; FUSEDSERVE_CHUNK_FLASH=0: never)
+  int fuse_ = 0;              // decode fusion mask: options.decode_fusion, or FUSEDSERVE_DECODE_FUSION
   cudaStream_t stream_ = nullptr;
 
   DeviceBuffer embed_, final_norm_, lm_head_own_;
@@ -1124,6 +1217,11 @@ class CudaModelRunner final : public ModelRunner {
   int64_t cap_idx_ = 0;  // int32 elements didx_/hidx_ hold
   DeviceBuffer didx_;
   PinnedBuffer hidx_;
+  // A step with later chunks in the flash launch (StageChunks): [k_starts
+  // (B, padded to 32) | cache slots of the K/V rows (Tk)], and those rows.
+  int64_t kv_idx_ = 0;  // int32 elements of the current step's chunk indices
+  DeviceBuffer dkv_, kg_, vg_;
+  PinnedBuffer hkv_;
 
   std::map<int64_t, Graph> graphs_;
   bool builtin_only_ = false;  // Tuned() answers "" (capturing the built-in graph to compare)

@@ -821,6 +821,9 @@ CudaStatus LaunchAttentionPrefill(const AttentionParams& a, const AttentionConfi
     return CudaStatus::Error("attention: q, k, v, o must be 16-byte aligned");
   }
   if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
+  if (a.k_starts != nullptr && (c.hopper_stages == 0 || !UseHopper(a.dtype, a.D))) {
+    return CudaStatus::Unsupported("attention: k_starts need the Hopper kernel (an h128 config on compute 9.0)");
+  }
   if (c.hopper_stages > 0) {
     if (UseHopper(a.dtype, a.D))
       return LaunchAttentionHopper(a, HopperKnobs{c.hopper_stages, c.hopper_sched, c.hopper_stage_o}, stream);

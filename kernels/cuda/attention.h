@@ -32,6 +32,15 @@ struct AttentionParams {
   int Hq = 0, Hkv = 0, D = 0;
   bool causal = true;
   float scale = 0.0f;
+  // A later chunk of each sequence (chunked prefill, prefix-cache hit):
+  // sequence b's seq_lens[b] query rows are the LAST ones of its
+  // k_starts[b] + seq_lens[b] keys, so query i (position k_starts[b] + i)
+  // sees keys j <= k_starts[b] + i when causal, all of them when not. k and v
+  // then hold Tk rows, packed per sequence by that key length (q and o stay
+  // packed by seq_lens). Null: every sequence starts at 0, k/v packed like q.
+  // The Hopper kernel only: any other kernel answers Unsupported.
+  const int32_t* k_starts = nullptr;  // [B] on the device
+  int Tk = 0;                         // rows of k and v with k_starts: T + sum(k_starts)
 };
 
 // Head dims the kernels are built for.

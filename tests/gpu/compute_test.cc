@@ -1,6 +1,7 @@
 // The compute-bound CUDA ops' edge cases beyond shapes against the CPU
 // reference (kernels/cpu/reference.h): linear's epilogues and dtypes,
-// attention's tile edges, long and varlen sequences, decode's mixed lengths.
+// attention's tile edges, long and varlen sequences, later chunks (queries
+// after k_starts keys, the Hopper kernel's launch), decode's mixed lengths.
 // Every op's shapes x dtypes x configs: op_test.cc.
 //
 // Each case draws fresh random inputs, uploads them, poisons the outputs with
@@ -24,6 +25,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_hopper.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/op.h"
@@ -358,6 +361,155 @@ TEST_F(ComputeTest, AttentionPrefillHopperVarlen) {
   CheckPrefill({DType::kF16, mix, 8, 1, 64, true}, 966, kHopperConfigs);
   CheckPrefill({DType::kF16, mix, 4, 4, 64, false}, 969, kHopperConfigs);
   CheckPrefill({DType::kBF16, {4097, 65, 1, 64}, 4, 1, 128, true}, 972, kHopperConfigs);
+}
+
+// ---- attention of later chunks (AttentionParams::k_starts) ---------------------
+
+struct ChunkCase {
+  DType dt;
+  std::vector<std::pair<int64_t, int64_t>> seqs;  // {k_start, q_len}
+  int64_t Hq, Hkv, D;
+  bool causal;
+};
+
+// Sequence b's q_len queries are the last rows of k_start + q_len keys: the
+// reference runs attention over all k_len rows (causal or not) and keeps the
+// last q_len rows. LaunchAttentionPrefill is called directly (the attention
+// op has no k_starts); the output is poisoned, the inputs fresh per case.
+void CheckChunkPrefill(const ChunkCase& c, uint64_t seed, const std::vector<std::string>& configs) {
+  const int64_t B = static_cast<int64_t>(c.seqs.size()), Hq = c.Hq, Hkv = c.Hkv, D = c.D, group = Hq / Hkv;
+  std::vector<int64_t> k_lens(B), q_off(B), k_off(B);
+  std::vector<int32_t> q_lens32(B), k_starts32(B);
+  int64_t Tq = 0, Tk = 0, max_q = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto [ks, ql] = c.seqs[b];
+    k_lens[b] = ks + ql;
+    q_off[b] = Tq;
+    k_off[b] = Tk;
+    Tq += ql;
+    Tk += ks + ql;
+    max_q = std::max(max_q, ql);
+    q_lens32[b] = static_cast<int32_t>(ql);
+    k_starts32[b] = static_cast<int32_t>(ks);
+  }
+  // Full-length q/k/v over the k_len rows of each sequence, rounded to dt.
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto random = [&](int64_t n) {
+    Vec v(n);
+    for (float& x : v) x = Round(c.dt, dist(rng));
+    return v;
+  };
+  const Vec qf = random(Tk * Hq * D), k = random(Tk * Hkv * D), v = random(Tk * Hkv * D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Vec ref(Tq * Hq * D), sp(Tq * Hq * D), q(Tq * Hq * D);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ks = c.seqs[b].first, ql = c.seqs[b].second;
+    std::copy_n(&qf[(k_off[b] + ks) * Hq * D], ql * Hq * D, &q[q_off[b] * Hq * D]);
+  }
+  ParallelFor(Hq, [&](int64_t h) {
+    const int64_t kvh = h / group;
+    Vec qh(Tk * D), kh(Tk * D), vh(Tk * D), oh(Tk * D);
+    for (int64_t t = 0; t < Tk; ++t) {
+      std::copy_n(&qf[(t * Hq + h) * D], D, &qh[t * D]);
+      std::copy_n(&k[(t * Hkv + kvh) * D], D, &kh[t * D]);
+      std::copy_n(&v[(t * Hkv + kvh) * D], D, &vh[t * D]);
+    }
+    cpu::Attention(qh.data(), kh.data(), vh.data(), k_lens.data(), B, Tk, 1, 1, D, c.causal, scale, oh.data());
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t ks = c.seqs[b].first, ql = c.seqs[b].second;
+      for (int64_t i = 0; i < ql; ++i) {
+        std::copy_n(&oh[(k_off[b] + ks + i) * D], D, &ref[((q_off[b] + i) * Hq + h) * D]);
+        SamePrecisionOne(c.dt, &q[((q_off[b] + i) * Hq + h) * D], &k[(k_off[b] * Hkv + kvh) * D],
+                         &v[(k_off[b] * Hkv + kvh) * D], c.causal ? ks + i + 1 : k_lens[b], Hkv * D, D, scale,
+                         &sp[((q_off[b] + i) * Hq + h) * D]);
+      }
+    }
+  });
+
+  auto bits = [&](const Vec& x) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = c.dt == DType::kBF16 ? FloatToBf16(x[i]) : FloatToHalf(x[i]);
+    return out;
+  };
+  const std::vector<uint16_t> qb = bits(q), kb = bits(k), vb = bits(v);
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *dout = nullptr, *dlens = nullptr, *dstarts = nullptr;
+  ASSERT_EQ(cudaMalloc(&dq, qb.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dk, kb.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dv, vb.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dout, qb.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dlens, B * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dstarts, B * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dq, qb.data(), qb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dk, kb.data(), kb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dv, vb.data(), vb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dlens, q_lens32.data(), B * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dstarts, k_starts32.data(), B * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::AttentionParams a;
+  a.dtype = c.dt;
+  a.q = dq;
+  a.k = dk;
+  a.v = dv;
+  a.o = dout;
+  a.seq_lens = static_cast<const int32_t*>(dlens);
+  a.k_starts = static_cast<const int32_t*>(dstarts);
+  a.B = static_cast<int>(B);
+  a.T = static_cast<int>(Tq);
+  a.Tk = static_cast<int>(Tk);
+  a.max_seqlen = static_cast<int>(max_q);
+  a.Hq = static_cast<int>(Hq);
+  a.Hkv = static_cast<int>(Hkv);
+  a.D = static_cast<int>(D);
+  a.causal = c.causal;
+  a.scale = scale;
+  std::string what = std::string(DTypeName(c.dt)) + " {k_start,q_len}=";
+  for (const auto& [ks, ql] : c.seqs) what += "{" + std::to_string(ks) + "," + std::to_string(ql) + "}";
+  what += " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
+          (c.causal ? " causal" : " full");
+  for (const std::string& config : configs) {
+    cuda::AttentionConfig ac;
+    if (!cuda::ParseAttentionConfig(config, &ac)) ac = cuda::DefaultAttentionConfig(a, 132);
+    ASSERT_EQ(cudaMemset(dout, 0xFF, qb.size() * 2), cudaSuccess);
+    const CudaStatus st = cuda::LaunchAttentionPrefill(a, ac, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message << " " << what << " config=[" << config << "]";
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> ob(qb.size());
+    ASSERT_EQ(cudaMemcpy(ob.data(), dout, ob.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    Vec got(ob.size());
+    for (size_t i = 0; i < ob.size(); ++i) got[i] = c.dt == DType::kBF16 ? Bf16ToFloat(ob[i]) : HalfToFloat(ob[i]);
+    ExpectAttentionClose(c.dt, got, sp, ref, what + " config=[" + config + "]");
+  }
+  // The mma.sync kernel has no k_starts: refused, so callers fall back.
+  cuda::AttentionConfig mma;
+  ASSERT_TRUE(cuda::ParseAttentionConfig("m128.w4", &mma));
+  EXPECT_TRUE(cuda::LaunchAttentionPrefill(a, mma, nullptr).unsupported);
+  for (void* p : {dq, dk, dv, dout, dlens, dstarts}) cudaFree(p);
+}
+
+// Every {k_start, q_len} of {0, 1, 15, 64, 100, 1000} x {1, 16, 63, 64, 65,
+// 300} once, three per varlen batch in a shuffled order; GQA 1/4/8, head
+// dims 64/128, bf16/fp16, causal and not; then the model's prefix-cache shape.
+TEST_F(ComputeTest, AttentionPrefillHopperChunks) {
+  if (!cuda::HopperAttentionAvailable()) GTEST_SKIP() << "the Hopper attention kernel needs compute capability 9.0";
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  for (int64_t ks : {0, 1, 15, 64, 100, 1000}) {
+    for (int64_t ql : {1, 16, 63, 64, 65, 300}) pairs.push_back({ks, ql});
+  }
+  std::mt19937 rng(77);
+  std::shuffle(pairs.begin(), pairs.end(), rng);
+  const std::pair<int64_t, int64_t> gqa[] = {{2, 2}, {8, 2}, {8, 1}};
+  uint64_t seed = 1100;
+  for (int i = 0; i < 12; ++i) {
+    ChunkCase c{i % 2 == 0 ? DType::kBF16 : DType::kF16,
+                {pairs[3 * i], pairs[3 * i + 1], pairs[3 * i + 2]},
+                gqa[i % 3].first,
+                gqa[i % 3].second,
+                (i / 3) % 2 == 0 ? 64 : 128,
+                (i / 2) % 2 == 0};
+    CheckChunkPrefill(c, seed += 3, kHopperConfigs);
+  }
+  CheckChunkPrefill({DType::kBF16, {{128, 1920}}, 8, 2, 64, true}, 1200, {""});
+  CheckChunkPrefill({DType::kF16, {{1000, 300}, {0, 65}, {15, 1}}, 8, 1, 128, false}, 1203, {"", "h128.s3.o1"});
 }
 
 TEST_F(ComputeTest, AttentionPrefillFp32) {

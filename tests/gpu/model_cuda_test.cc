@@ -169,8 +169,10 @@ class ModelCudaTest : public ::testing::TestWithParam<int> {
 };
 
 // Prefill of prompts of several lengths in one step, then the same logits
-// when a prompt is split over two steps (the second chunk attends through the
-// block table: the paged path with several query rows per sequence).
+// when a prompt is split over two or three steps (later chunks attend to the
+// cached tokens: flash over K/V gathered from the cache on Hopper, paged
+// attention with several query rows per sequence else), and a step mixing a
+// long later chunk, a one-token chunk and a fresh prompt.
 TEST_P(ModelCudaTest, PrefillLogits) {
   const ModelConfig c = Config();
   const int64_t bs = 16;
@@ -201,25 +203,69 @@ TEST_P(ModelCudaTest, PrefillLogits) {
     EXPECT_LT(e, Tolerance(c)) << "prompt length " << lens[i];
   }
 
-  // The 300-token prompt again in two chunks: 200 then 100 tokens.
+  // The 300-token prompt again in chunks (each split on fresh blocks): the
+  // later chunks attend to the earlier tokens through the cache, on the
+  // flash kernel over gathered K/V where it runs (Hopper, >= 16 rows; a
+  // prefix-cache hit looks like the 40 + 260 split) and paged attention else.
   Seq& long_seq = seqs.back();
-  std::vector<int32_t> blocks2;
-  for (size_t b = 0; b < long_seq.blocks.size(); ++b) blocks2.push_back(free_blocks[next++]);
-  std::vector<float> l1c, l1g;
-  for (int chunk = 0; chunk < 2; ++chunk) {
-    SeqForward f;
-    f.start = chunk == 0 ? 0 : 200;
-    f.num_tokens = chunk == 0 ? 200 : 100;
-    f.tokens = long_seq.tokens.data() + f.start;
-    f.block_table = blocks2.data();
-    f.num_blocks = static_cast<int64_t>(blocks2.size());
-    ASSERT_TRUE(p.cpu->ForwardLogits({f}, &l1c).ok());
-    s = p.gpu->ForwardLogits({f}, &l1g);
-    ASSERT_TRUE(s.ok()) << s;
+  const std::vector<std::vector<int64_t>> splits = {{200, 100}, {40, 260}, {17, 283}, {100, 150, 50}, {128, 7, 165}};
+  for (const std::vector<int64_t>& split : splits) {
+    std::vector<int32_t> blocks2;
+    for (size_t b = 0; b < long_seq.blocks.size(); ++b) blocks2.push_back(free_blocks[next++]);
+    std::vector<float> l1c, l1g;
+    std::string name;
+    int64_t start = 0;
+    for (int64_t n : split) {
+      SeqForward f;
+      f.start = start;
+      f.num_tokens = n;
+      f.tokens = long_seq.tokens.data() + f.start;
+      f.block_table = blocks2.data();
+      f.num_blocks = static_cast<int64_t>(blocks2.size());
+      ASSERT_TRUE(p.cpu->ForwardLogits({f}, &l1c).ok());
+      s = p.gpu->ForwardLogits({f}, &l1g);
+      ASSERT_TRUE(s.ok()) << s;
+      const double e = RelErrorNorm(l1g.data(), l1c.data(), c.vocab);
+      name += (name.empty() ? "" : "+") + std::to_string(n);
+      EXPECT_LT(e, Tolerance(c)) << "chunks " << name;
+      start += n;
+    }
+    const double e = RelErrorNorm(l1g.data(), l1c.data(), c.vocab);
+    std::printf("[%s] chunked prefill %s: logits rel err %.3e\n", c.name.c_str(), name.c_str(), e);
   }
-  const double e = RelErrorNorm(l1g.data(), l1c.data(), c.vocab);
-  std::printf("[%s] chunked prefill 200+100: logits rel err %.3e\n", c.name.c_str(), e);
-  EXPECT_LT(e, Tolerance(c));
+
+  // A step mixing a long later chunk (64 -> 300), a decode-like one-token
+  // chunk and a fresh 50-token prompt, after a step with the first two's
+  // first chunks: every sequence's logits against the CPU runner's.
+  std::vector<std::vector<int32_t>> mix_blocks(3);
+  for (auto& mb : mix_blocks) {
+    for (int b = 0; b < 19; ++b) mb.push_back(free_blocks[next++]);
+  }
+  const std::vector<int32_t>& mix_tokens = long_seq.tokens;
+  const int64_t firsts[3] = {64, 20, 0}, totals[3] = {300, 21, 50};
+  for (int step = 0; step < 2; ++step) {
+    std::vector<SeqForward> batch2;
+    for (int i = 0; i < 3; ++i) {
+      if (step == 0 && firsts[i] == 0) continue;
+      SeqForward f;
+      f.start = step == 0 ? 0 : firsts[i];
+      f.num_tokens = step == 0 ? firsts[i] : totals[i] - firsts[i];
+      f.tokens = mix_tokens.data() + i * 3 + f.start;
+      f.block_table = mix_blocks[i].data();
+      f.num_blocks = static_cast<int64_t>(mix_blocks[i].size());
+      batch2.push_back(f);
+    }
+    std::vector<float> l2c, l2g;
+    ASSERT_TRUE(p.cpu->ForwardLogits(batch2, &l2c).ok());
+    s = p.gpu->ForwardLogits(batch2, &l2g);
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t b = 0; b < batch2.size(); ++b) {
+      const double e = RelErrorNorm(l2g.data() + b * c.vocab, l2c.data() + b * c.vocab, c.vocab);
+      std::printf("[%s] mixed chunk step %d seq %zu (start %ld, %ld tokens): logits rel err %.3e\n", c.name.c_str(),
+                  step, b, static_cast<long>(batch2[b].start), static_cast<long>(batch2[b].num_tokens), e);
+      EXPECT_LT(e, Tolerance(c)) << "mixed step " << step << " sequence " << b;
+    }
+  }
 }
 
 // Greedy decode of 4 sequences joining at steps 0, 0, 3, 6 (prefill and

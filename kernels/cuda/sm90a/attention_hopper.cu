@@ -26,6 +26,11 @@
 // one (masked out of the scores, never stored) or lie past T (TMA fills
 // zeros). O is written with ordinary masked stores (staged through shared
 // memory for 16-byte row stores with kStageO where it fits), never TMA.
+// With k_starts (a later chunk of each sequence) K/V have their own packing
+// (k_start + seqlen rows per sequence); a query tile's key tiles start at
+// the sequence's first key and the causal diagonal is bottom-right aligned,
+// so a tile's work grows with its k_start (the tile order stays by m block:
+// heaviest first within a sequence, approximately across a mixed batch).
 #include <cuda.h>  // CUtensorMap and the encoder's types; the function itself comes through the runtime
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -76,6 +81,7 @@ struct HopperLayout {
 struct HopperParams {
   void* o;                  // [T,Hq,D]
   const int32_t* seq_lens;  // [B]
+  const int32_t* k_starts;  // [B] or null: keys before each sequence's queries
   int B, Hq, group;         // group = Hq / Hkv
   int m_blocks;             // 128-row query blocks of the longest sequence
   float scale_log2;         // scale * log2(e)
@@ -88,7 +94,7 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
-// Sum of seq_lens[0..b): the packed offset of sequence b (warp-cooperative).
+// Sum of lens[0..b): the packed offset of sequence b (warp-cooperative).
 __device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, int b) {
   int s = 0;
   for (int i = threadIdx.x & 31; i < b; i += 32) s += lens[i];
@@ -284,8 +290,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_rounds = (n_tiles + grid - 1) / grid;
   const int cta = static_cast<int>(blockIdx.x);
   auto snake = [&](int r) { return r * grid + ((r & 1) ? grid - 1 - cta : cta); };
+  // seqlen: query rows; k_start: keys before them (k_len = k_start +
+  // seqlen keys); seq_start / k_seq_start: packed offsets in q/o and k/v.
   struct Tile {
-    int m_block, h, b, seqlen, seq_start, n_blocks;
+    int m_block, h, b, seqlen, seq_start, n_blocks, k_start, k_len, k_seq_start;
   };
   // Warp-cooperative (SequenceStart); false for tiles past their sequence.
   auto decode = [&](int t, Tile* tile) {
@@ -296,8 +304,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     tile->seqlen = p.seq_lens[tile->b];
     if (tile->m_block * kBlockM >= tile->seqlen) return false;
     tile->seq_start = SequenceStart(p.seq_lens, tile->b);
-    const int all = (tile->seqlen + kBlockN - 1) / kBlockN;
-    tile->n_blocks = p.causal ? min(all, ((tile->m_block + 1) * kBlockM + kBlockN - 1) / kBlockN) : all;
+    tile->k_start = 0;
+    tile->k_seq_start = tile->seq_start;
+    if (p.k_starts != nullptr) {
+      tile->k_start = p.k_starts[tile->b];
+      tile->k_seq_start += SequenceStart(p.k_starts, tile->b);
+    }
+    tile->k_len = tile->k_start + tile->seqlen;
+    // Causal: the tile's last row (position k_start + (m_block + 1) 128 - 1)
+    // sees keys up to there; the key tiles past it are never loaded.
+    const int all = (tile->k_len + kBlockN - 1) / kBlockN;
+    tile->n_blocks = p.causal ? min(all, (tile->k_start + (tile->m_block + 1) * kBlockM + kBlockN - 1) / kBlockN) : all;
     return true;
   };
 
@@ -324,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int j = it + i, s = j % kStages;
           MbarWait(k_empty(s), ((j / kStages) & 1) ^ 1);
           MbarExpectTx(k_full(s), L::kKVBytes);
-          const int row = tile.seq_start + (tile.n_blocks - 1 - i) * kBlockN;
+          const int row = tile.k_seq_start + (tile.n_blocks - 1 - i) * kBlockN;
 #pragma unroll
           for (int a = 0; a < kAtoms; ++a) {
             TmaLoad3d(sK + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_k, k_full(s), a * kAtomCols, kvh, row);
@@ -334,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int j = it + i, s = j % kStages;
           MbarWait(v_empty(s), ((j / kStages) & 1) ^ 1);
           MbarExpectTx(v_full(s), L::kKVBytes);
-          const int row = tile.seq_start + (tile.n_blocks - 1 - i) * kBlockN;
+          const int row = tile.k_seq_start + (tile.n_blocks - 1 - i) * kBlockN;
 #pragma unroll
           for (int a = 0; a < kAtoms; ++a) {
             TmaLoad3d(sV + s * L::kKVBytes + a * kBlockN * kAtomBytes, &tm_v, v_full(s), a * kAtomCols, kvh, row);
@@ -429,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The next tile's decode (global loads) runs under the first GEMM.
   auto prefetch_next = [&]() { round_next = next_tile(round + 1, &next); };
   while (round < n_rounds) {
-    const int seqlen = tile.seqlen, n_blocks = tile.n_blocks;
+    const int seqlen = tile.seqlen, n_blocks = tile.n_blocks, k_start = tile.k_start, k_len = tile.k_len;
     const int wg_row_min = tile.m_block * kBlockM + wg * 64;               // first query row of this warpgroup
     const int row0 = wg_row_min + wq * 16 + (lane >> 2), row1 = row0 + 8;  // this thread's two rows
 #pragma unroll
@@ -439,16 +456,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Masks tile nb's scores, updates the running max/sum, turns s into
     // unnormalized probabilities; alpha: the factor O must be rescaled by.
+    // Query row r is key position k_start + r (the mask's diagonal is
+    // bottom-right aligned), so with k_start % 128 != 0 two key tiles cross it.
     auto softmax = [&](int nb, float(&alpha)[2]) {
       const int key0 = nb * kBlockN;
-      if (key0 + kBlockN > seqlen || (p.causal && key0 + kBlockN - 1 > wg_row_min)) {
+      if (key0 + kBlockN > k_len || (p.causal && key0 + kBlockN - 1 > k_start + wg_row_min)) {
 #pragma unroll
         for (int i = 0; i < kBlockN / 8; ++i) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = key0 + i * 8 + 2 * (lane & 3) + (e & 1);
-            const int row = e < 2 ? row0 : row1;
-            if (col >= seqlen || (p.causal && col > row)) s[4 * i + e] = -INFINITY;
+            const int row = k_start + (e < 2 ? row0 : row1);
+            if (col >= k_len || (p.causal && col > row)) s[4 * i + e] = -INFINITY;
           }
         }
       }
@@ -626,7 +645,7 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 
 // A [T, H, D] tensor as a 3D map (column, head, row) with boxes of 64
 // columns x 1 head x `rows` rows, 128B-swizzled; rows past T read as zeros.
-CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int T, int H, int D, int rows) {
+CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int64_t T, int H, int D, int rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return CudaStatus::Error("attention_hopper: cuTensorMapEncodeTiled is not available");
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(T)};
@@ -736,14 +755,16 @@ CudaStatus LaunchAttentionHopper(const AttentionParams& a, const HopperKnobs& c,
     return CudaStatus::Error("attention: q, k, v, o must be 16-byte aligned");
   }
   if (a.B > 65535 || a.Hq > 65535) return CudaStatus::Error("attention: B and Hq must be <= 65535");
+  if (a.k_starts != nullptr && a.Tk < a.T) return CudaStatus::Error("attention: k_starts need Tk >= T key rows");
+  const int Tk = a.k_starts != nullptr ? a.Tk : a.T;
   CUtensorMap q, k, v;
   if (CudaStatus s = EncodeMap(&q, a.dtype, a.q, a.T, a.Hq, a.D, kBlockM); !s.ok()) return s;
-  if (CudaStatus s = EncodeMap(&k, a.dtype, a.k, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
-  if (CudaStatus s = EncodeMap(&v, a.dtype, a.v, a.T, a.Hkv, a.D, kBlockN); !s.ok()) return s;
+  if (CudaStatus s = EncodeMap(&k, a.dtype, a.k, Tk, a.Hkv, a.D, kBlockN); !s.ok()) return s;
+  if (CudaStatus s = EncodeMap(&v, a.dtype, a.v, Tk, a.Hkv, a.D, kBlockN); !s.ok()) return s;
   const int m_blocks = (a.max_seqlen + kBlockM - 1) / kBlockM;
   const int64_t tiles = static_cast<int64_t>(m_blocks) * a.Hq * a.B;
   if (tiles > (int64_t{1} << 31) - 1) return CudaStatus::Error("attention_hopper: too many query tiles");
-  const HopperParams hp{a.o, a.seq_lens, a.B, a.Hq, a.Hq / a.Hkv, m_blocks, a.scale * kLog2e, a.causal};
+  const HopperParams hp{a.o, a.seq_lens, a.k_starts, a.B, a.Hq, a.Hq / a.Hkv, m_blocks, a.scale * kLog2e, a.causal};
   // Persistent: one CTA per SM (the shared memory allows no second).
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(1, DeviceInfo() >> 1))));
   if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, c, stream);

@@ -788,6 +788,29 @@ class CudaModelRunner final : public ModelRunner {
     return true;
   }
 
+  // Rope over the step's qkv rows (wqkv's interleaved layout, Upload): q to
+  // q_, k/v into layer l's cache slots (not for TransformerBlock, which has
+  // no cache) and, with dense_kv, also to k_/v_ (what flash prefill reads).
+  absl::Status RopeKvWrite(const Step& st, int64_t l, bool dense_kv) {
+    cuda::RopeKvParams rp;
+    rp.dtype = dt_;
+    rp.qkv = qkv_.get();
+    rp.positions = Idx(ix_.positions);
+    rp.cos_sin = cos_sin_.as<float2>();
+    rp.slots = st.block_layers ? nullptr : Idx(ix_.slots);
+    rp.q = q_.get();
+    rp.k = dense_kv ? k_.get() : nullptr;
+    rp.v = dense_kv ? v_.get() : nullptr;
+    rp.k_cache = st.block_layers ? nullptr : KCache(l);
+    rp.v_cache = st.block_layers ? nullptr : VCache(l);
+    rp.T = st.T;
+    rp.Hq = static_cast<int>(c_.q_heads);
+    rp.Hkv = static_cast<int>(c_.kv_heads);
+    rp.D = static_cast<int>(c_.head_dim);
+    rp.interleaved = true;
+    return CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write");
+  }
+
   // The decode step on the fused GEMVs (gemv.h), 5 kernels a layer instead
   // of 8 with every fusion (fuse_ bits, CudaModelRunnerOptions::decode_fusion):
   //   norm  QKV and gate_up fold the RMS norm of the residual in, o_proj and
@@ -838,22 +861,7 @@ class CudaModelRunner final : public ModelRunner {
       } else {
         if (absl::Status status = gemv(qkv_in, L.wqkv.get(), qkvd, D, qkv_.get(), qkv, "qkv"); !status.ok())
           return status;
-        cuda::RopeKvParams rp;
-        rp.dtype = dt_;
-        rp.qkv = qkv_.get();
-        rp.positions = Idx(ix_.positions);
-        rp.cos_sin = cos_sin_.as<float2>();
-        rp.slots = Idx(ix_.slots);
-        rp.q = q_.get();
-        rp.k_cache = KCache(l);
-        rp.v_cache = VCache(l);
-        rp.T = T;
-        rp.Hq = static_cast<int>(c_.q_heads);
-        rp.Hkv = static_cast<int>(c_.kv_heads);
-        rp.D = static_cast<int>(c_.head_dim);
-        rp.interleaved = true;
-        if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
-          return status;
+        if (absl::Status status = RopeKvWrite(st, l, /*dense_kv=*/false); !status.ok()) return status;
       }
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
       // o_proj (+ residual), then gate_up; down (+ residual), then the next QKV.
@@ -916,24 +924,7 @@ class CudaModelRunner final : public ModelRunner {
       const Layer& L = layers_[l];
       if (absl::Status status = Linear(ModelKernel::kQkv, h_.get(), L.wqkv.get(), T, D, qkvd, qkv_.get()); !status.ok())
         return status;
-      cuda::RopeKvParams rp;
-      rp.dtype = dt_;
-      rp.qkv = qkv_.get();
-      rp.positions = Idx(ix_.positions);
-      rp.cos_sin = cos_sin_.as<float2>();
-      rp.slots = st.block_layers ? nullptr : Idx(ix_.slots);
-      rp.q = q_.get();
-      rp.k = k_.get();
-      rp.v = v_.get();
-      rp.k_cache = st.block_layers ? nullptr : KCache(l);
-      rp.v_cache = st.block_layers ? nullptr : VCache(l);
-      rp.T = T;
-      rp.Hq = static_cast<int>(c_.q_heads);
-      rp.Hkv = static_cast<int>(c_.kv_heads);
-      rp.D = static_cast<int>(c_.head_dim);
-      rp.interleaved = true;  // the wqkv layout (Upload)
-      if (absl::Status status = CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write"); !status.ok())
-        return status;
+      if (absl::Status status = RopeKvWrite(st, l, /*dense_kv=*/true); !status.ok()) return status;
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
       if (absl::Status status = Linear(ModelKernel::kOProj, ao_.get(), L.wo.get(), T, qd, D, tmp_.get()); !status.ok())
         return status;

@@ -36,26 +36,13 @@
 namespace fusedserve::cuda {
 namespace {
 
+using cuda::FastExp2;   // softmax exp and varlen offsets (common.cuh)
 using cuda::FromFloat;  // shared dtype conversions (common.cuh)
 using cuda::Mma16816;   // tensor-core tile (common.cuh)
+using cuda::SequenceStart;
 using cuda::ToFloat;
 
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Sum of seq_lens[0..b): the packed offset of sequence b (warp-cooperative).
-__device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, int b) {
-  int s = 0;
-  for (int i = threadIdx.x & 31; i < b; i += 32) s += lens[i];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  return s;
-}
 
 // ============================================================================
 // Tensor-core flash attention (prefill).

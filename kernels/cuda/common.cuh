@@ -432,4 +432,21 @@ std::vector<Config> ThreadUnrollCandidates(const Config& def, int64_t total, Fit
   return out;
 }
 
+// 2^x on the special function unit (the softmax kernels' exp, pre-scaled by log2 e).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Sum of lens[0..b): the packed offset of sequence b of a varlen batch
+// (warp-cooperative: every lane of the warp calls it and gets the sum).
+__device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, int b) {
+  int s = 0;
+  for (int i = threadIdx.x & 31; i < b; i += 32) s += lens[i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  return s;
+}
+
 }  // namespace fusedserve::cuda

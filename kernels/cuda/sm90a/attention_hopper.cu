@@ -88,21 +88,6 @@ struct HopperParams {
   bool causal;
 };
 
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Sum of lens[0..b): the packed offset of sequence b (warp-cooperative).
-__device__ __forceinline__ int SequenceStart(const int32_t* __restrict__ lens, int b) {
-  int s = 0;
-  for (int i = threadIdx.x & 31; i < b; i += 32) s += lens[i];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  return s;
-}
-
 template <typename T>
 __device__ __forceinline__ uint32_t Pack2(float lo, float hi);
 template <>

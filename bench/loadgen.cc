@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
@@ -685,6 +686,11 @@ int Main() {
 }  // namespace fusedserve
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built without NDEBUG, which leaves absl::Mutex's
+  // deadlock detection on: every lock and unlock (gRPC's own included) then
+  // updates a process-wide lock graph under one global lock. A debugging aid
+  // that serialises every thread; off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "fusedserve_loadgen --target=HOST:PORT [--op=rms_norm --dtype=bf16 --shape=1,4096] "
       "[--concurrency=N | --rate=R] [--duration_s=S | --requests=N] [--json_out=FILE]");

@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -587,6 +588,11 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
 int main(int argc, char** argv) {
   // First: a SIGTERM from here on is never lost (see server/lifecycle.h).
   fusedserve::Lifecycle& lifecycle = fusedserve::Lifecycle::Start();
+  // Debian's Abseil is built without NDEBUG, which leaves absl::Mutex's
+  // deadlock detection on: every lock and unlock (gRPC's own included) then
+  // updates a process-wide lock graph under one global lock. A debugging aid
+  // that serialises every thread; off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   absl::SetProgramUsageMessage("fusedserve [serve|tune] --flags; see --help");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

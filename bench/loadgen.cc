@@ -50,6 +50,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend.h"
@@ -288,6 +289,7 @@ class Loadgen {
     measure_end_ = count > 0 ? Clock::time_point::max()
                              : warm_end_ + std::chrono::microseconds(static_cast<int64_t>(duration * 1e6));
     remaining_ = count > 0 ? count : -1;
+    counted_ = count > 0;
     std::pair<double, double> batch0{0, 0};
     bool scraped = false;
     if (rate > 0) {
@@ -355,7 +357,9 @@ class Loadgen {
   // Claims the right to send one more request now; false when the run is over.
   bool MaySend(Clock::time_point now) {
     if (now >= measure_end_) return false;
-    if (remaining_ < 0 || now < warm_end_) return true;
+    // (Not "remaining_ < 0": the count goes negative once the streams have
+    // claimed the last request, and the rest of them must stop too.)
+    if (!counted_ || now < warm_end_) return true;
     return remaining_.fetch_sub(1) > 0;
   }
 
@@ -586,6 +590,7 @@ class Loadgen {
   std::atomic<uint64_t> next_input_{0};
   Clock::time_point start_, warm_end_, measure_end_;
   std::atomic<int64_t> remaining_{-1};
+  bool counted_ = false;  // --requests: the run ends after remaining_ more sends
   std::mutex mu_;
   std::condition_variable cv_;
   int active_ = 0;       // closed-loop streams still sending
@@ -685,6 +690,11 @@ int Main() {
 }  // namespace fusedserve
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built without NDEBUG, which leaves absl::Mutex's
+  // deadlock detection on: every lock and unlock (gRPC's own included) then
+  // updates a process-wide lock graph under one global lock. A debugging aid
+  // that serialises every thread; off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "fusedserve_loadgen --target=HOST:PORT [--op=rms_norm --dtype=bf16 --shape=1,4096] "
       "[--concurrency=N | --rate=R] [--duration_s=S | --requests=N] [--json_out=FILE]");

@@ -2,24 +2,41 @@
 # The gRPC floor of a FusedOp round trip beside fusedserve itself: the same
 # load generator and message (rms_norm bf16 [1,4096]) against bare echo
 # servers on each gRPC server model (bench/grpc_floor/echo_server.cc) and
-# against fusedserve (and bin/fusedserve-base when present), in interleaved
-# rounds; prints the medians as a Markdown table.
+# against fusedserve (and a base build's fusedserve, side by side), in
+# interleaved rounds; prints the medians as a Markdown table.
 #   c=1:  sync client, one stream: p50/p99 latency;
-#   c=64: callback client, 8 connections: throughput.
-# Usage: run_grpc_floor.sh BINDIR [ROUNDS] [SECONDS]
+#   c=64: callback client, 8 connections: throughput, and the server's CPU
+#         time per request (all its threads, from /proc/PID/stat).
+# Usage: [BASE=BASE_BINDIR] run_grpc_floor.sh BINDIR [ROUNDS] [SECONDS]
 #   BINDIR holds fusedserve, fusedserve_loadgen, fusedserve_grpc_floor_server
 #   (a build's bin folder, or a bundle-libs.sh bundle: then BINDIR/../env.sh
-#   is used). SERVERS (env) picks the rows, e.g. SERVERS="echo-async fusedserve".
+#   is used). BASE (env): the bin folder (or bundle bin) of the build to
+#   compare with, e.g. main's; its fusedserve serves the fusedserve-base rows
+#   (with BASE/../env.sh when present); without BASE, BINDIR/fusedserve-base
+#   if present. Every row uses BINDIR's load generator (the same client).
+#   SERVERS (env) picks the rows, e.g. SERVERS="echo-async fusedserve".
 #   FS_FLAGS (env) adds flags to every fusedserve row. Rows: echo-{sync,
 #   callback,async}[-health] (bare gRPC), fusedserve (this build's defaults),
 #   fusedserve-{callback,sync,async} (--fused_op_api), fusedserve-nozc (CUDA
-#   without zero-copy), fusedserve-base[-inline] (BINDIR/fusedserve-base).
+#   without zero-copy), fusedserve-nobatch (--batching=false),
+#   fusedserve-worker-answer (--fused_op_answer_on_poller=false),
+#   fusedserve-protobuf (--fused_op_wire_codec=false),
+#   fusedserve-base[-inline|-nobatch] (the base build).
 set -uo pipefail
 bin=$1
 rounds=${2:-3}
 secs=${3:-3}
 env_sh=""
 [ -x "$bin/../env.sh" ] && env_sh="$bin/../env.sh"
+base=${BASE:-}
+base_env_sh=""
+if [ -n "$base" ]; then
+  [ -x "$base/../env.sh" ] && base_env_sh="$base/../env.sh"
+  base_exe="$base/fusedserve"
+else
+  base_exe="$bin/fusedserve-base"
+  base_env_sh=$env_sh
+fi
 port=50351
 mport=9251
 cores=$(nproc)
@@ -43,20 +60,36 @@ cmd[fusedserve-sync]="fusedserve $fs --fused_op_api=sync"
 cmd[fusedserve-async]="fusedserve $fs --fused_op_api=async"
 cmd[fusedserve-callback]="fusedserve $fs --fused_op_api=callback"
 cmd[fusedserve-nozc]="fusedserve $fs"  # CUDA: copies through device memory (no zero-copy)
+cmd[fusedserve-nobatch]="fusedserve $fs --batching=false"
+cmd[fusedserve-worker-answer]="fusedserve $fs --fused_op_answer_on_poller=false"
+cmd[fusedserve-protobuf]="fusedserve $fs --fused_op_wire_codec=false"
 declare -A envs
 envs[fusedserve-nozc]="FUSEDSERVE_ZERO_COPY=0"
-cmd[fusedserve-base]="fusedserve-base $fs"
-cmd[fusedserve-base-inline]="fusedserve-base $fs --inline_max_bytes=262144"
+cmd[fusedserve-base]="$fs"
+cmd[fusedserve-base-inline]="$fs --inline_max_bytes=262144"
+cmd[fusedserve-base-nobatch]="$fs --batching=false"
 servers=${SERVERS:-"echo-sync echo-sync-health echo-callback echo-async echo-async-health fusedserve-base fusedserve fusedserve-callback fusedserve-sync"}
 
 # Started directly (env.sh execs), so that $! is the server itself: a server
 # left running would share the port (gRPC sets SO_REUSEPORT) and answer the
 # next row's calls. Each row also records who answered (GetServerInfo).
 serve() {
-  # shellcheck disable=SC2086
-  env ${envs[$1]:-} $env_sh "$bin/"${cmd[$1]} --listen=127.0.0.1:$port > "$out/server-$1.log" 2>&1 &
+  case $1 in
+    fusedserve-base*)
+      # shellcheck disable=SC2086
+      env ${envs[$1]:-} $base_env_sh "$base_exe" ${cmd[$1]} --listen=127.0.0.1:$port > "$out/server-$1.log" 2>&1 &
+      ;;
+    *)
+      # shellcheck disable=SC2086
+      env ${envs[$1]:-} $env_sh "$bin/"${cmd[$1]} --listen=127.0.0.1:$port > "$out/server-$1.log" 2>&1 &
+      ;;
+  esac
   srv=$!
 }
+# CPU ticks (user + system) the server has used so far: the process's own
+# line, which also counts threads that have exited (the sync API's pool).
+# (The comm field has no spaces for these binaries, so $14/$15 are utime/stime.)
+ticks() { awk '{print $14 + $15}' /proc/"$srv"/stat 2>/dev/null || echo 0; }
 stop() {
   kill -TERM "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
@@ -76,13 +109,18 @@ lg() {
 
 for r in $(seq 1 "$rounds"); do
   for s in $servers; do
-    case $s in fusedserve-base*) [ -x "$bin/fusedserve-base" ] || continue ;; esac
+    case $s in fusedserve-base*) [ -x "$base_exe" ] || continue ;; esac
     serve "$s"
     lg "$out/$s-c1.txt" --concurrency=1 --client_api=sync
     case $s in fusedserve*) curl -s "127.0.0.1:$mport/metrics" > "$out/$s-c1-metrics.txt" ;; esac
     metrics=""
     case $s in fusedserve*) metrics="--metrics=127.0.0.1:$mport" ;; esac
+    t0=$(ticks)
     lg "$out/$s-c64.txt" --concurrency=64 $metrics
+    t1=$(ticks)
+    # Server CPU us per request at c=64 (the run's ok requests; clock ticks of 1/CLK_TCK s).
+    tail -1 "$out/$s-c64.txt" | awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '$1 > 0 {printf "%.1f\n", t / hz * 1e6 / $1}' >> "$out/$s-c64-cpu.txt"
+    case $s in fusedserve*) curl -s "127.0.0.1:$mport/metrics" > "$out/$s-c64-metrics.txt" ;; esac
     stop
     echo "round $r $s: c1 $(tail -1 "$out/$s-c1.txt" | awk '{print $4" us p50"}'), c64 $(tail -1 "$out/$s-c64.txt" | awk '{print $3" req/s"}')" >&2
   done
@@ -92,29 +130,40 @@ median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR 
 col() { awk -v c="$2" '{print $c}' "$1" | median; }
 echo "rms_norm bf16 [1,4096]; medians of $rounds interleaved rounds of $secs s; $(nproc) cores; $(uname -n)"
 echo
-echo "| server | answered by | c=1 p50 us | c=1 p99 us | c=1 p99/p50 | c=64 req/s | c=64 p50 us | c=64 p99 us | c=64 batch |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| server | answered by | c=1 p50 us | c=1 p99 us | c=1 p99/p50 | c=64 req/s | c=64 p50 us | c=64 p99 us | c=64 batch | c=64 server CPU us/req |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for s in $servers; do
   [ -s "$out/$s-c1.txt" ] || continue
   p50=$(col "$out/$s-c1.txt" 4)
   p99=$(col "$out/$s-c1.txt" 6)
   echo "| $s | $(sort -u "$out/$s-device.txt" | paste -sd/) | $p50 | $p99 | $(awk -v a="$p99" -v b="$p50" 'BEGIN{printf "%.2f", a/b}') |" \
     "$(col "$out/$s-c64.txt" 3) | $(col "$out/$s-c64.txt" 4) | $(col "$out/$s-c64.txt" 6) |" \
-    "$( [ -s "$out/$s-c64-batch.txt" ] && col "$out/$s-c64-batch.txt" 1 || echo -) |"
+    "$( [ -s "$out/$s-c64-batch.txt" ] && col "$out/$s-c64-batch.txt" 1 || echo -) |" \
+    "$( [ -s "$out/$s-c64-cpu.txt" ] && col "$out/$s-c64-cpu.txt" 1 || echo -) |"
 done
 
-# Where a c=1 FusedOp spends its time (last round; fusedserve_fused_op_stage_seconds).
-for s in $servers; do
-  m="$out/$s-c1-metrics.txt"
-  grep -q fused_op_stage_seconds_sum "$m" 2>/dev/null || continue
-  echo
-  echo "$s at c=1, mean per stage (us):"
+# Where a FusedOp spends its time (last round; fusedserve_fused_op_stage_seconds):
+# at c=1, and at c=64 (the difference of the scrapes after c=1 and after c=64).
+stages() {
   awk '/^fusedserve_fused_op_stage_seconds_(sum|count)/ {
          match($0, /stage="[a-z0-9]+"/); st = substr($0, RSTART + 7, RLENGTH - 8)
-         if ($1 ~ /_sum/) sum[st] = $2; else cnt[st] = $2 }
+         print st, ($1 ~ /_sum/ ? "sum" : "cnt"), $2 }
        /^fusedserve_request_duration_seconds_(sum|count)\{op="rms_norm"/ {
-         if ($1 ~ /_sum/) rs = $2; else rc = $2 }
-       END { n = split("receive decode queue h2d kernel d2h encode send", order, " ")
-             for (i = 1; i <= n; i++) if (cnt[order[i]] > 0) printf "  %-8s %8.2f\n", order[i], sum[order[i]] / cnt[order[i]] * 1e6
-             if (rc > 0) printf "  %-8s %8.2f (server time, send excluded)\n", "request", rs / rc * 1e6 }' "$m"
+         print "request", ($1 ~ /_sum/ ? "sum" : "cnt"), $2 }' "$1"
+}
+for s in $servers; do
+  m1="$out/$s-c1-metrics.txt"
+  m2="$out/$s-c64-metrics.txt"
+  grep -q fused_op_stage_seconds_sum "$m1" 2>/dev/null || continue
+  echo
+  echo "$s, mean per stage (us): c=1 | c=64"
+  { stages "$m1" | sed 's/^/a /'; [ -s "$m2" ] && stages "$m2" | sed 's/^/b /'; } |
+    awk '{ v[$1, $2, $3] = $4 }
+         END { n = split("receive decode queue h2d kernel d2h encode send request", order, " ")
+               for (i = 1; i <= n; i++) {
+                 st = order[i]; ca = v["a", st, "cnt"]; cb = v["b", st, "cnt"] - ca
+                 if (ca <= 0) continue
+                 a = v["a", st, "sum"] / ca * 1e6
+                 b = cb > 0 ? sprintf("%8.2f", (v["b", st, "sum"] - v["a", st, "sum"]) / cb * 1e6) : "       -"
+                 printf "  %-8s %8.2f | %s%s\n", st, a, b, st == "request" ? "  (server time, send excluded)" : "" } }'
 done

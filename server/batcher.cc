@@ -356,6 +356,7 @@ class Batcher : public OpScheduler {
   void Work() {
     // Default timer slack (50 µs) would stretch every short batching wait.
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    prctl(PR_SET_NAME, "fs-batch", 0, 0, 0);
     mu_.Lock();
     for (;;) {
       const absl::Time now = absl::Now();

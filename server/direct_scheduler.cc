@@ -1,6 +1,8 @@
 // The direct scheduler: a bounded FIFO in front of a fixed pool of workers,
 // one backend call per request. Small requests that find the scheduler idle
 // run inline on the submitting thread (options.inline_max_bytes).
+#include <sys/prctl.h>
+
 #include <deque>
 #include <new>
 #include <thread>
@@ -130,6 +132,7 @@ class DirectScheduler : public OpScheduler {
 
  private:
   void Work() {
+    prctl(PR_SET_NAME, "fs-worker", 0, 0, 0);
     for (;;) {
       OpTask task;
       {

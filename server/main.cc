@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -99,6 +100,13 @@ ABSL_FLAG(std::string, fused_op_api, "async",
 ABSL_FLAG(int, grpc_pollers, 0,
           "--fused_op_api=sync: most threads polling for new calls at once (threads running calls are extra, up "
           "to --grpc_max_threads); async: completion queues, one polling thread each. 0 = CPU cores, at most 16");
+ABSL_FLAG(bool, fused_op_answer_on_poller, true,
+          "--fused_op_api=async: a FusedOp run by a scheduler worker (queued, or merged into a batch) is answered "
+          "(encoded and written) on its call's own polling thread, handed over through the queue, so the answers of "
+          "a merged launch go out in parallel; false: the worker answers each in turn");
+ABSL_FLAG(bool, fused_op_wire_codec, true,
+          "Decode FusedOp requests straight from gRPC's slices and encode responses straight from the outputs "
+          "(one copy of each tensor's bytes each way); false: through protobuf messages");
 ABSL_FLAG(int, grpc_max_threads, 1024,
           "--fused_op_api=sync: threads serving calls at most (a gRPC resource quota); calls beyond wait in gRPC's "
           "queue");
@@ -416,6 +424,8 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const ValidationLimits& l
   if (api != "callback" && api != "sync" && api != "async") {
     return absl::InvalidArgumentError("--fused_op_api must be callback, sync or async (got '" + api + "')");
   }
+  o.answer_on_poller = absl::GetFlag(FLAGS_fused_op_answer_on_poller);
+  o.wire_codec = absl::GetFlag(FLAGS_fused_op_wire_codec);
   o.fused_op_api = api == "sync"    ? ServiceOptions::FusedOpApi::kSync
                    : api == "async" ? ServiceOptions::FusedOpApi::kAsync
                                     : ServiceOptions::FusedOpApi::kCallback;
@@ -597,6 +607,11 @@ int Run(const std::string& mode, Lifecycle& lifecycle) {
 int main(int argc, char** argv) {
   // First: a SIGTERM from here on is never lost (see server/lifecycle.h).
   fusedserve::Lifecycle& lifecycle = fusedserve::Lifecycle::Start();
+  // Debian's Abseil is built without NDEBUG, which leaves absl::Mutex's
+  // deadlock detection on: every lock and unlock (gRPC's own included) then
+  // updates a process-wide lock graph under one global lock. A debugging aid
+  // that serialises every thread; off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   absl::SetProgramUsageMessage("fusedserve [serve|tune] --flags; see --help");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

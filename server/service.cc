@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include <pthread.h>
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -7,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "google/protobuf/arena.h"
+#include "grpcpp/alarm.h"
 #include "grpcpp/support/method_handler.h"
+#include "server/fused_op_wire.h"
 #include "server/model_rpc.h"
 
 namespace fusedserve {
@@ -188,12 +192,22 @@ class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
   grpc::ByteBuffer* response_ = nullptr;
 };
 
+// The completion queue the calling thread polls (PollAsync), or nullptr.
+static thread_local grpc::ServerCompletionQueue* t_polling_cq = nullptr;
+
 // One async-API call slot (--fused_op_api=async): requested on its queue,
 // run when a call arrives (on the polling thread; inline when the scheduler
-// is idle), answered from whichever thread ran it, then requested again once
-// both the answer's completion and the call's done notice (which makes
+// is idle), answered on its own queue's polling thread, then requested again
+// once both the answer's completion and the call's done notice (which makes
 // IsCancelled valid on the async API) have come back, in either order. No
 // allocation per call.
+//
+// A result that comes from elsewhere (a batcher or scheduler worker) is
+// handed back to the slot's polling thread through an alarm that fires at
+// once: the worker only stores it, and the encoding and gRPC's write (which
+// Finish performs on the calling thread) run on the polling threads, one per
+// queue, in parallel, instead of one after another on the worker that ran a
+// merged launch.
 class FusedServeService::AsyncFusedOpSlot {
  public:
   AsyncFusedOpSlot(FusedServeService* service, grpc::ServerCompletionQueue* cq)
@@ -201,7 +215,7 @@ class FusedServeService::AsyncFusedOpSlot {
 
   // Requests the next call unless the service is stopping.
   void Request() {
-    absl::MutexLock lock(&service_->async_mu_);
+    absl::ReaderMutexLock lock(&service_->async_mu_);
     if (service_->async_stopping_) return;
     request_.Clear();
     response_.Clear();
@@ -215,15 +229,22 @@ class FusedServeService::AsyncFusedOpSlot {
     async_->Request(&*ctx_, &request_, &*writer_, cq_, &main_tag_);
   }
 
-  // A queue event: one of a slot's two tags.
+  // A queue event: one of a slot's three tags.
+  enum class Kind { kMain, kDoneNotice, kResult };
   struct Tag {
     AsyncFusedOpSlot* slot;
-    bool done_notice;
+    Kind kind;
   };
   static void Proceed(void* tag, bool ok) {
     Tag* t = static_cast<Tag*>(tag);
-    if (t->done_notice) return t->slot->Event();
-    t->slot->Proceed(ok);
+    switch (t->kind) {
+      case Kind::kDoneNotice:
+        return t->slot->Event();
+      case Kind::kResult:
+        return t->slot->Answer(*std::move(t->slot->result_));
+      case Kind::kMain:
+        return t->slot->Proceed(ok);
+    }
   }
 
  private:
@@ -239,10 +260,27 @@ class FusedServeService::AsyncFusedOpSlot {
     absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(request_, start_, &op_);
     if (!request.ok()) return Done(request.status());
     OpTask task = service_->MakeFusedOpTask(*std::move(request), &*ctx_);
-    task.done = [this](absl::StatusOr<TensorMap> result) {
-      Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), &response_) : result.status());
-    };
+    task.done = [this](absl::StatusOr<TensorMap> result) { OnResult(std::move(result)); };
     if (absl::Status s = service_->scheduler_->Submit(std::move(task)); !s.ok()) Done(s);
+  }
+
+  // The scheduler's answer: on this slot's polling thread (an inline run)
+  // it is sent right away, else handed to that thread.
+  void OnResult(absl::StatusOr<TensorMap> result) {
+    if (t_polling_cq != cq_ && service_->options_.answer_on_poller) {
+      absl::ReaderMutexLock lock(&service_->async_mu_);
+      if (!service_->async_stopping_) {  // the queue still takes events
+        result_.emplace(std::move(result));
+        handoff_.Set(cq_, gpr_time_0(GPR_CLOCK_MONOTONIC), &result_tag_);
+        return;
+      }
+    }
+    Answer(std::move(result));
+  }
+
+  void Answer(absl::StatusOr<TensorMap> result) {
+    result_.reset();
+    Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), &response_) : result.status());
   }
 
   // One of the call's two closing events; after both, the slot is free.
@@ -263,12 +301,15 @@ class FusedServeService::AsyncFusedOpSlot {
   FusedServeService* const service_;
   grpc::ServerCompletionQueue* const cq_;
   AsyncFusedOpService* const async_;
-  Tag main_tag_{this, false};  // the call's arrival and its answer's completion
-  Tag done_tag_{this, true};   // the call's done notice
+  Tag main_tag_{this, Kind::kMain};        // the call's arrival and its answer's completion
+  Tag done_tag_{this, Kind::kDoneNotice};  // the call's done notice
+  Tag result_tag_{this, Kind::kResult};    // a worker's result, handed over
   std::optional<grpc::ServerContext> ctx_;
   std::optional<grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>> writer_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
+  grpc::Alarm handoff_;                              // reused: set again only after its event came
+  std::optional<absl::StatusOr<TensorMap>> result_;  // set by a worker, read after the alarm's event
   // Touched by the slot's queue thread only (and by Done, which runs before
   // the events it causes): the queue orders them.
   bool answering_ = false;
@@ -290,6 +331,10 @@ void FusedServeService::StartAsync(const std::vector<grpc::ServerCompletionQueue
 }
 
 void FusedServeService::PollAsync(grpc::ServerCompletionQueue* cq) {
+  // Named, so per-thread CPU time (/proc/PID/task/*/stat, top -H) tells
+  // the polling threads from the scheduler's workers.
+  pthread_setname_np(pthread_self(), "fs-cq");
+  t_polling_cq = cq;
   void* tag = nullptr;
   bool ok = false;
   while (cq->Next(&tag, &ok)) AsyncFusedOpSlot::Proceed(tag, ok);
@@ -345,6 +390,20 @@ grpc::Status FusedServeService::FinishFusedOp(const std::string& op, absl::Time 
 absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffer& raw_request, absl::Time start,
                                                            std::string* op) {
   *op = "unknown";
+  if (options_.wire_codec) {
+    // Straight from the slices (server/fused_op_wire.h); bodies it leaves
+    // to protobuf take the path below.
+    static thread_local WireFusedOp wire;
+    if (ParseFusedOpWire(raw_request, &wire)) {
+      const absl::Time received = absl::Now();
+      metrics_->RecordStage(Metrics::Stage::kReceive, absl::ToDoubleSeconds(received - start));
+      if (FindOpSpec(wire.op) != nullptr) *op = wire.op;
+      if (absl::Status s = CheckAccepting(); !s.ok()) return s;
+      absl::StatusOr<OpRequest> validated = ValidateWireFusedOp(wire, options_.limits);
+      if (validated.ok()) metrics_->RecordStage(Metrics::Stage::kDecode, absl::ToDoubleSeconds(absl::Now() - received));
+      return validated;
+    }
+  }
   google::protobuf::Arena& arena = ThreadArena();
   ResetArena reset{arena};
   auto* request = google::protobuf::Arena::CreateMessage<v1::FusedOpRequest>(&arena);
@@ -387,6 +446,11 @@ OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContext
 
 absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response) {
   const absl::Time start = absl::Now();
+  if (options_.wire_codec) {
+    EncodeFusedOpWire(outputs, backend_->name(), raw_response);
+    metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(absl::Now() - start));
+    return absl::OkStatus();
+  }
   google::protobuf::Arena& arena = ThreadArena();
   ResetArena reset{arena};
   auto* response = google::protobuf::Arena::CreateMessage<v1::FusedOpResponse>(&arena);

@@ -34,6 +34,12 @@ struct ServiceOptions {
   enum class FusedOpApi { kCallback, kSync, kAsync };
   FusedOpApi fused_op_api = FusedOpApi::kCallback;  // the server's flag defaults to kAsync
   int async_calls_per_cq = 64;                      // kAsync: FusedOp calls kept requested per queue
+  // kAsync: a result from a scheduler worker is answered on the call's own
+  // polling thread (handed over through the queue) rather than on the worker.
+  bool answer_on_poller = true;
+  // FusedOp bodies decoded and encoded by server/fused_op_wire.h (protobuf
+  // only for what it leaves); false: protobuf messages throughout.
+  bool wire_codec = true;
 };
 
 // FusedOp is registered raw (bytes in, bytes out) and parsed here: on a body

@@ -56,39 +56,46 @@ v1::DType ToProtoDType(DType d) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
+absl::Status CheckWireTensor(int dtype, const int64_t* dims, int rank, size_t data_bytes, const std::string& name,
+                             const ValidationLimits& limits) {
+  if (dtype == v1::DTYPE_UNSPECIFIED || !v1::DType_IsValid(dtype)) {
+    return Invalid(absl::StrCat("input '", name, "': dtype must be one of F32, F16, BF16, I32, I64 (got ", dtype, ")"));
+  }
+  const DType dt = FromProtoDType(static_cast<v1::DType>(dtype));
+  if (rank > 8) return Invalid(absl::StrCat("input '", name, "': rank ", rank, " exceeds the maximum of 8"));
+  int64_t numel = 1;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t d = dims[i];
+    if (d < 1) {
+      return Invalid(absl::StrCat("input '", name, "': dimension ", i, " is ", d, ", must be >= 1"));
+    }
+    if (d > limits.max_tensor_elements || numel > limits.max_tensor_elements / d) {
+      return Invalid(absl::StrCat("input '", name, "': shape ", ShapeStr({dims, dims + rank}), " has more than ",
+                                  limits.max_tensor_elements, " elements (the server's limit)"));
+    }
+    numel *= d;
+  }
+  const int64_t expect = numel * static_cast<int64_t>(DTypeSize(dt));
+  if (static_cast<int64_t>(data_bytes) != expect) {
+    return Invalid(absl::StrCat("input '", name, "': data has ", data_bytes, " bytes, expected ", expect, " (", numel,
+                                " elements of ", DTypeName(dt), " for shape ", ShapeStr({dims, dims + rank}), ")"));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // Checks dtype, shape and byte length; the bytes are copied, or taken from
 // `take` (the same tensor's mutable bytes) when given.
 absl::StatusOr<HostTensor> ConvertTensor(const v1::Tensor& t, const std::string& name, const ValidationLimits& limits,
                                          std::string* take) {
-  if (t.dtype() == v1::DTYPE_UNSPECIFIED || !v1::DType_IsValid(t.dtype())) {
-    return Invalid(absl::StrCat("input '", name, "': dtype must be one of F32, F16, BF16, I32, I64 (got ",
-                                static_cast<int>(t.dtype()), ")"));
+  if (absl::Status s = CheckWireTensor(t.dtype(), t.shape().data(), t.shape_size(), t.data().size(), name, limits);
+      !s.ok()) {
+    return s;
   }
   HostTensor out;
   out.dtype = FromProtoDType(t.dtype());
-  if (t.shape_size() > 8) {
-    return Invalid(absl::StrCat("input '", name, "': rank ", t.shape_size(), " exceeds the maximum of 8"));
-  }
-  int64_t numel = 1;
-  for (int i = 0; i < t.shape_size(); ++i) {
-    const int64_t d = t.shape(i);
-    if (d < 1) {
-      return Invalid(absl::StrCat("input '", name, "': dimension ", i, " is ", d, ", must be >= 1"));
-    }
-    if (d > limits.max_tensor_elements || numel > limits.max_tensor_elements / d) {
-      return Invalid(absl::StrCat("input '", name, "': shape ", ShapeStr({t.shape().begin(), t.shape().end()}),
-                                  " has more than ", limits.max_tensor_elements, " elements (the server's limit)"));
-    }
-    numel *= d;
-  }
   out.shape.assign(t.shape().begin(), t.shape().end());
-  const int64_t expect = numel * static_cast<int64_t>(DTypeSize(out.dtype));
-  if (static_cast<int64_t>(t.data().size()) != expect) {
-    return Invalid(absl::StrCat("input '", name, "': data has ", t.data().size(), " bytes, expected ", expect, " (",
-                                numel, " elements of ", DTypeName(out.dtype), " for shape ", ShapeStr(out.shape), ")"));
-  }
   if (take != nullptr) {
     out.data.swap(*take);
   } else {
@@ -134,8 +141,6 @@ v1::FusedOpRequest OpRequestToProto(const OpRequest& r) {
   return p;
 }
 
-namespace {
-
 absl::Status CheckInputName(const OpSpec& spec, const std::string& name) {
   auto listed = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), name) != v.end(); };
   if (listed(spec.inputs) || listed(spec.optional_inputs)) return absl::OkStatus();
@@ -144,6 +149,8 @@ absl::Status CheckInputName(const OpSpec& spec, const std::string& name) {
   return Invalid(absl::StrCat(spec.name, ": unexpected input '", ClientText(name),
                               "' (expected: ", absl::StrJoin(all, ", "), ")"));
 }
+
+namespace {
 
 absl::Status CheckAttrs(OpRequest& r, const OpSpec& spec) {
   for (const auto& [name, value] : r.attrs) {

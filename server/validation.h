@@ -34,6 +34,11 @@ std::string ClientText(absl::string_view s);
 absl::StatusOr<HostTensor> TensorFromProto(const v1::Tensor& t, const std::string& name,
                                            const ValidationLimits& limits);
 absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor& t, const std::string& name, const ValidationLimits& limits);
+// The checks TensorFromProto makes on a wire tensor before taking its bytes:
+// dtype (the v1::DType value as sent), rank, dimensions and byte length
+// (shared with the FusedOp wire decoder, server/fused_op_wire.h).
+absl::Status CheckWireTensor(int dtype, const int64_t* dims, int rank, size_t data_bytes, const std::string& name,
+                             const ValidationLimits& limits);
 void TensorToProto(const HostTensor& t, v1::Tensor* out);
 void TensorToProto(HostTensor&& t, v1::Tensor* out);  // moves the bytes
 // The wire form of a request (the inverse of ValidateFusedOp's conversion),
@@ -52,6 +57,9 @@ absl::StatusOr<OpRequest> TakeValidatedFusedOp(v1::FusedOpRequest& request, cons
 // RESOURCE_EXHAUSTED when a validated request's outputs, working memory or
 // work exceed `limits`; the message names the limit and its flag.
 absl::Status CheckOpCost(const OpRequest& request, const ValidationLimits& limits);
+
+// INVALID_ARGUMENT naming the op's inputs when `name` is not one of them.
+absl::Status CheckInputName(const OpSpec& spec, const std::string& name);
 
 // Op-level rules on an already converted request (used by ValidateFusedOp,
 // the batcher and the fuzzer).

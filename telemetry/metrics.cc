@@ -1,8 +1,13 @@
 #include "telemetry/metrics.h"
 
+#include <atomic>
+#include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "telemetry/log.h"
 
 namespace fusedserve {
@@ -32,9 +37,41 @@ bool IsLoopback(const std::string& listen) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
+std::atomic<uint64_t> g_next_metrics_id{1};
+
+// The series of `family` for one set of label values, looked up once per
+// thread. prometheus-cpp's Family::Add builds a label map, hashes it and
+// takes the family's mutex on every call; the FusedOp path records several
+// labelled series per request from every polling thread, so the lookups are
+// cached here (keyed by the Metrics instance, the family and the values;
+// families never remove series, so the pointers stay valid).
+template <typename T, typename Make>
+T& CachedSeries(uint64_t metrics_id, const void* family, std::initializer_list<absl::string_view> values, Make make) {
+  char key[256];
+  size_t n = 0;
+  auto put = [&](const void* p, size_t size) {
+    if (n + size + 1 > sizeof(key)) return false;
+    std::memcpy(key + n, p, size);
+    n += size;
+    key[n++] = '\x1f';
+    return true;
+  };
+  put(&metrics_id, sizeof(metrics_id));
+  put(&family, sizeof(family));
+  for (absl::string_view v : values) {
+    if (!put(v.data(), v.size())) return make();  // a very long label value: uncached
+  }
+  static thread_local absl::flat_hash_map<std::string, T*> cache;
+  auto it = cache.find(absl::string_view(key, n));
+  if (it != cache.end()) return *it->second;
+  T& series = make();
+  if (cache.size() < 4096) cache.emplace(std::string(key, n), &series);
+  return series;
+}
+
 }  // namespace
 
-Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()), id_(g_next_metrics_id.fetch_add(1)) {
   auto& r = *registry_;
   requests_ = &prometheus::BuildCounter()
                    .Name("fusedserve_requests_total")
@@ -216,23 +253,37 @@ absl::Status Metrics::Serve(const MetricsServeOptions& o) {
 }
 
 void Metrics::RecordRequest(const std::string& rpc, const std::string& op, const std::string& code, double seconds) {
-  requests_->Add({{"rpc", rpc}, {"op", op}, {"code", code}}).Increment();
-  request_duration_->Add({{"rpc", rpc}, {"op", op}}, LatencyBuckets()).Observe(seconds);
+  CachedSeries<prometheus::Counter>(id_, requests_, {rpc, op, code}, [&]() -> prometheus::Counter& {
+    return requests_->Add({{"rpc", rpc}, {"op", op}, {"code", code}});
+  }).Increment();
+  CachedSeries<Histogram>(id_, request_duration_, {rpc, op}, [&]() -> Histogram& {
+    return request_duration_->Add({{"rpc", rpc}, {"op", op}}, LatencyBuckets());
+  }).Observe(seconds);
 }
 
 void Metrics::RecordQueue(const std::string& op, double seconds) {
-  queue_duration_->Add({{"op", op}}, LatencyBuckets()).Observe(seconds);
+  CachedSeries<Histogram>(id_, queue_duration_, {op}, [&]() -> Histogram& {
+    return queue_duration_->Add({{"op", op}}, LatencyBuckets());
+  }).Observe(seconds);
   RecordStage(Stage::kQueue, seconds);
 }
 
 void Metrics::RecordBatch(const std::string& op, int requests) {
-  batch_size_->Add({{"op", op}}, BatchBuckets()).Observe(requests);
+  CachedSeries<Histogram>(id_, batch_size_, {op}, [&]() -> Histogram& {
+    return batch_size_->Add({{"op", op}}, BatchBuckets());
+  }).Observe(requests);
 }
 
 void Metrics::RecordKernel(const std::string& op, double seconds) {
-  kernel_duration_->Add({{"op", op}}, LatencyBuckets()).Observe(seconds);
+  CachedSeries<Histogram>(id_, kernel_duration_, {op}, [&]() -> Histogram& {
+    return kernel_duration_->Add({{"op", op}}, LatencyBuckets());
+  }).Observe(seconds);
 }
 
-prometheus::Gauge& Metrics::QueueDepth(const std::string& op) { return queue_depth_->Add({{"op", op}}); }
+prometheus::Gauge& Metrics::QueueDepth(const std::string& op) {
+  return CachedSeries<prometheus::Gauge>(id_, queue_depth_, {op}, [&]() -> prometheus::Gauge& {
+    return queue_depth_->Add({{"op", op}});
+  });
+}
 
 }  // namespace fusedserve

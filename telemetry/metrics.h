@@ -84,6 +84,9 @@ class Metrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  // Tells this instance's series apart in the per-thread series cache
+  // (metrics.cc CachedSeries): never reused, unlike an address.
+  const uint64_t id_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Histogram>* request_duration_;
   prometheus::Family<prometheus::Histogram>* queue_duration_;

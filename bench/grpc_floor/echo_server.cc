@@ -25,6 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -221,6 +222,11 @@ int Main() {
 }  // namespace fusedserve
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built without NDEBUG, which leaves absl::Mutex's
+  // deadlock detection on: every lock and unlock (gRPC's own included) then
+  // updates a process-wide lock graph under one global lock. A debugging aid
+  // that serialises every thread; off.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage("fusedserve_grpc_floor_server --model=sync|callback|async [--threads=N] --listen=H:P");
   absl::ParseCommandLine(argc, argv);
   return fusedserve::Main();

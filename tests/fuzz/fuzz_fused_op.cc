@@ -1,12 +1,16 @@
 // libFuzzer target: raw bytes -> v1::FusedOpRequest::ParseFromArray ->
 // ValidateFusedOp -> (if valid) the properties of fuzz_common.h. The server
-// does exactly this with every FusedOp message it receives.
+// does exactly this with every FusedOp message it receives that its wire
+// codec (server/fused_op_wire.h) leaves to protobuf; the codec itself is
+// checked against protobuf on every input: a body it takes, protobuf parses
+// too, and both give the same request or the same error code.
 //
 // With FUSEDSERVE_FUZZ_WRITE_SEEDS=DIR set, start-up writes one valid request
 // per op and dtype into DIR (run_fuzz.sh seeds the corpus that way).
 #include <fstream>
 
 #include "google/protobuf/stubs/logging.h"
+#include "server/fused_op_wire.h"
 #include "tests/fuzz/fuzz_common.h"
 
 namespace {
@@ -45,10 +49,46 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+namespace {
+
+// The wire codec on the same bytes, cut into two slices at a data-chosen
+// point; compared with protobuf's verdict (`parsed`, `r`).
+void CheckWireCodec(const uint8_t* data, size_t size, bool parsed, const absl::StatusOr<fusedserve::OpRequest>* r) {
+  using namespace fusedserve;
+  const size_t cut = size == 0 ? 0 : data[0] % (size + 1);
+  std::vector<grpc::Slice> slices;
+  if (cut > 0) slices.emplace_back(data, cut);
+  if (size > cut) slices.emplace_back(data + cut, size - cut);
+  const grpc::ByteBuffer body(slices.data(), slices.size());
+  WireFusedOp wire;
+  if (!ParseFusedOpWire(body, &wire)) return;  // left to protobuf
+  fuzz::Require(parsed, "the wire codec takes only bodies protobuf parses");
+  absl::StatusOr<OpRequest> w = ValidateWireFusedOp(wire, fuzz::FuzzLimits());
+  fuzz::Require(w.ok() == r->ok(), "the wire codec and protobuf agree on validity");
+  if (!w.ok()) {
+    fuzz::Require(w.status().code() == r->status().code(), "the same error code either way");
+    return;
+  }
+  fuzz::Require(w->op == (*r)->op && w->attrs == (*r)->attrs && w->inputs.size() == (*r)->inputs.size(),
+                "the same op and attributes either way");
+  for (const auto& [name, t] : w->inputs) {
+    const auto it = (*r)->inputs.find(name);
+    fuzz::Require(it != (*r)->inputs.end() && it->second.dtype == t.dtype && it->second.shape == t.shape &&
+                      it->second.data == t.data,
+                  "the same tensors either way");
+  }
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fusedserve::v1::FusedOpRequest request;
-  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) {
+    CheckWireCodec(data, size, false, nullptr);
+    return 0;
+  }
   absl::StatusOr<fusedserve::OpRequest> r = fusedserve::ValidateFusedOp(request, fusedserve::fuzz::FuzzLimits());
+  CheckWireCodec(data, size, true, &r);
   if (!r.ok()) {
     fusedserve::fuzz::Require(fusedserve::fuzz::IsValidationCode(r.status().code()),
                               "validation fails only with INVALID_ARGUMENT or RESOURCE_EXHAUSTED");

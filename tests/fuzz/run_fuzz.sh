@@ -51,13 +51,13 @@ if [ ! -f "$pb" ] || [ "$src/proto/fusedserve/v1/fusedserve.proto" -nt "$pb" ]; 
 fi
 
 libs=$(pkg-config --libs protobuf absl_status absl_statusor absl_strings absl_str_format absl_synchronization \
-  absl_time absl_hash absl_raw_hash_set prometheus-cpp-core prometheus-cpp-pull libpcre2-8 icu-uc)
+  absl_time absl_hash absl_raw_hash_set prometheus-cpp-core prometheus-cpp-pull libpcre2-8 icu-uc grpc++)
 cflags="-std=c++17 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
   -fno-sanitize-recover=undefined -I$src -I$out/gen $(pkg-config --cflags protobuf absl_status)"
 
 # Library sources: request validation, the op vocabulary, the CPU reference
-# backend (run on every valid input), the batcher's merge/split, and the tokenizer.
-sources=("$pb" server/validation.cc server/batcher.cc server/direct_scheduler.cc telemetry/metrics.cc telemetry/log.cc
+# backend (run on every valid input), the FusedOp wire codec, the batcher's merge/split, and the tokenizer.
+sources=("$pb" server/validation.cc server/fused_op_wire.cc server/batcher.cc server/direct_scheduler.cc telemetry/metrics.cc telemetry/log.cc
   kernels/dtype.cc kernels/tensor.cc kernels/op.cc kernels/ops/*.cc kernels/cpu/*.cc tokenizer/*.cc
   warmup/regular_file.cc)
 objects=()

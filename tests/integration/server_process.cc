@@ -166,7 +166,15 @@ std::unique_ptr<ServerProcess> ServerProcess::StartOnce(const std::vector<std::s
   p->channel_ = p->NewChannel(credentials);
 
   while (std::chrono::steady_clock::now() < deadline) {
-    if (p->Health() == grpc::health::v1::HealthCheckResponse::SERVING) return p;
+    // SERVING from the health service alone is not enough: gRPC's default
+    // health service starts out SERVING, and the server can only say
+    // NOT_SERVING once BuildAndStart has returned; a probe in between (a
+    // loaded machine stretches that window) would let a test call a server
+    // still warming up. The log line comes after the server is ready.
+    if (p->Health() == grpc::health::v1::HealthCheckResponse::SERVING &&
+        p->Log().find("SERVING (warm-up") != std::string::npos) {
+      return p;
+    }
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       exited();

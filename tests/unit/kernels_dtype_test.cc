@@ -267,6 +267,31 @@ TEST(HostTensor, FromFloatToFloatPerDType) {
   EXPECT_EQ(HostTensor::FromFloat(DType::kBF16, {1}, {70000.0f}).ToFloat()[0], 70144.0f);
 }
 
+// FromFloat's bf16 loop rounds without a branch: the same bits as FloatToBf16
+// for every 2^32 / 65521-th pattern (all classes: NaNs, infinities, zeros,
+// denormals, halfway cases).
+TEST(HostTensor, FromFloatBf16MatchesFloatToBf16) {
+  std::vector<float> values;
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 65521) {
+    const uint32_t bits = static_cast<uint32_t>(u);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    values.push_back(f);
+  }
+  for (uint32_t bits : {0x7f800000u, 0xff800000u, 0x7f800001u, 0x7fc00000u, 0xffffffffu, 0x3f808000u, 0x3f818000u,
+                        0x00008000u, 0x80000000u, 0x7f7fffffu}) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    values.push_back(f);
+  }
+  const HostTensor t = HostTensor::FromFloat(DType::kBF16, {static_cast<int64_t>(values.size())}, values);
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.data.data() + 2 * i, 2);
+    ASSERT_EQ(h, FloatToBf16(values[i])) << i;
+  }
+}
+
 TEST(HostTensor, WireBytesAreLittleEndian) {
   const HostTensor h = HostTensor::FromFloat(DType::kF16, {2}, {1.0f, -2.0f});
   EXPECT_EQ(h.data, std::string("\x00\x3c\x00\xc0", 4));

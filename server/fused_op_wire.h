@@ -1,0 +1,55 @@
+// FusedOp's wire codec: the request body (the protobuf wire format of a
+// fusedserve.v1.FusedOpRequest) decoded straight from gRPC's slices into an
+// OpRequest, and the response encoded straight from the output tensors into
+// one slice, with no protobuf message in between: each tensor's bytes are
+// copied once on the way in (slices -> the tensor's buffer) and once on the
+// way out (the output buffer -> the response slice).
+//
+// The decoder takes the common shape of a body and leaves the rest to
+// protobuf (the reference): a string that is not plain ASCII (protobuf checks
+// UTF-8), a repeated map key, a Tensor sent twice in one map entry (protobuf
+// merges them), a group or malformed field, a truncated body. Unknown fields
+// are skipped, as protobuf does. Validation is TakeValidatedFusedOp's, with
+// its messages.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "kernels/op.h"
+#include "server/validation.h"
+
+namespace fusedserve {
+
+// A parsed, not yet validated FusedOp request. Reused from call to call (its
+// vectors keep their capacity).
+struct WireFusedOp {
+  struct Input {
+    std::string name;
+    int32_t dtype = 0;  // the v1::DType value as sent
+    HostTensor tensor;  // shape and bytes as sent; dtype set by validation
+  };
+  struct Attr {
+    std::string name;
+    AttrValue value;
+    bool set = false;  // an AttrValue with none of its oneof fields is an error
+  };
+  std::string op;
+  std::vector<Input> inputs;
+  std::vector<Attr> attrs;
+  size_t n_inputs = 0, n_attrs = 0;  // entries in use
+};
+
+// Parses `body` into `out`; false when it is left to protobuf (see above).
+bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out);
+
+// TakeValidatedFusedOp on a parsed request (its tensors' bytes are moved).
+absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& parsed, const ValidationLimits& limits);
+
+// Serializes a FusedOpResponse {outputs, backend} into `out` (one slice).
+void EncodeFusedOpWire(const TensorMap& outputs, const std::string& backend, grpc::ByteBuffer* out);
+
+}  // namespace fusedserve

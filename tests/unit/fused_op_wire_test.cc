@@ -1,0 +1,275 @@
+// FusedOp's wire codec (server/fused_op_wire.h) against protobuf, the
+// reference: every op's request decodes to the same OpRequest (whatever the
+// slicing of the body), bad requests get the same status, what the codec
+// leaves to protobuf is left, unknown fields are skipped, the response parses
+// back to the same message, and the decode allocates less than protobuf's.
+#include "server/fused_op_wire.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "fusedserve/v1/fusedserve.grpc.pb.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "gtest/gtest.h"
+#include "server/validation.h"
+
+// Heap allocations made by this thread while counting is on: operator new
+// replaced for the whole binary (GCC then sees its own inlined new/delete
+// pairs as malloc/free, a false -Wmismatched-new-delete).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+namespace {
+thread_local bool g_counting = false;
+thread_local int64_t g_allocations = 0;
+}  // namespace
+
+void* operator new(size_t n) {
+  if (g_counting) ++g_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace fusedserve {
+namespace {
+
+// One key per op (TuningKey order).
+std::vector<std::pair<std::string, std::vector<int64_t>>> Cases() {
+  return {
+      {"rms_norm", {3, 40}},       {"add_rms_norm", {2, 24}},    {"add_rms_norm_silu", {1, 24}},
+      {"layer_norm", {3, 17}},     {"softmax", {2, 33}},         {"silu_and_mul", {2, 12}},
+      {"gelu", {4, 10}},           {"rope", {3, 4, 2, 16}},      {"linear", {2, 9, 24}},
+      {"swiglu_mlp", {1, 16, 20}}, {"attention", {5, 4, 2, 16}}, {"attention_decode", {2, 9, 4, 2, 16}},
+  };
+}
+
+std::string Serialize(const v1::FusedOpRequest& p) {
+  std::string s;
+  EXPECT_TRUE(p.SerializeToString(&s));
+  return s;
+}
+
+// `bytes` as a ByteBuffer cut into slices of `piece` bytes (0: one slice).
+grpc::ByteBuffer Body(const std::string& bytes, size_t piece = 0) {
+  std::vector<grpc::Slice> slices;
+  if (piece == 0) piece = std::max<size_t>(bytes.size(), 1);
+  for (size_t i = 0; i < bytes.size(); i += piece) {
+    slices.emplace_back(bytes.data() + i, std::min(piece, bytes.size() - i));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::StatusOr<OpRequest> ByProtobuf(const std::string& bytes, const ValidationLimits& limits = {}) {
+  v1::FusedOpRequest p;
+  if (!p.ParseFromString(bytes)) return absl::InvalidArgumentError("protobuf: does not parse");
+  return TakeValidatedFusedOp(p, limits);
+}
+
+// nullopt when the codec leaves the body to protobuf.
+std::optional<absl::StatusOr<OpRequest>> ByWire(const std::string& bytes, size_t piece = 0,
+                                                const ValidationLimits& limits = {}) {
+  WireFusedOp wire;
+  if (!ParseFusedOpWire(Body(bytes, piece), &wire)) return std::nullopt;
+  return ValidateWireFusedOp(wire, limits);
+}
+
+void ExpectSame(const OpRequest& a, const OpRequest& b) {
+  EXPECT_EQ(a.op, b.op);
+  EXPECT_EQ(a.spec, b.spec);
+  ASSERT_EQ(a.inputs.size(), b.inputs.size());
+  for (const auto& [name, t] : a.inputs) {
+    ASSERT_TRUE(b.has(name)) << name;
+    EXPECT_EQ(t.dtype, b.in(name).dtype) << name;
+    EXPECT_EQ(t.shape, b.in(name).shape) << name;
+    EXPECT_TRUE(t.data == b.in(name).data) << name;
+  }
+  EXPECT_EQ(a.attrs, b.attrs);
+}
+
+TEST(FusedOpWire, EveryOpDecodesAsProtobufDoesWhateverTheSlicing) {
+  for (const auto& [op, key] : Cases()) {
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      const OpRequest r = MakeRandomRequest(op, dt, key, 7);
+      const std::string bytes = Serialize(OpRequestToProto(r));
+      absl::StatusOr<OpRequest> want = ByProtobuf(bytes);
+      ASSERT_TRUE(want.ok()) << op << ": " << want.status();
+      for (size_t piece : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{1000}}) {
+        std::optional<absl::StatusOr<OpRequest>> got = ByWire(bytes, piece);
+        ASSERT_TRUE(got.has_value()) << op << " piece " << piece;
+        ASSERT_TRUE(got->ok()) << op << ": " << got->status();
+        ExpectSame(**got, *want);
+      }
+    }
+  }
+}
+
+// Bodies that parse but do not validate: the same status either way.
+TEST(FusedOpWire, BadRequestsGetProtobufsStatus) {
+  const v1::FusedOpRequest good = OpRequestToProto(MakeRandomRequest("rms_norm", DType::kBF16, {2, 8}, 1));
+  std::vector<std::pair<std::string, v1::FusedOpRequest>> cases;
+  auto add = [&](const std::string& what, auto edit) {
+    v1::FusedOpRequest p = good;
+    edit(p);
+    cases.emplace_back(what, p);
+  };
+  add("unknown op", [](v1::FusedOpRequest& p) { p.set_op("no_such_op"); });
+  add("empty op", [](v1::FusedOpRequest& p) { p.clear_op(); });
+  add("unknown input", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())["bogus"] = p.inputs().at("x"); });
+  add("missing input", [](v1::FusedOpRequest& p) { p.mutable_inputs()->erase("weight"); });
+  add("bad dtype", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())["x"].set_dtype(static_cast<v1::DType>(42)); });
+  add("unset dtype", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())["x"].clear_dtype(); });
+  add("short data", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())["x"].mutable_data()->pop_back(); });
+  add("negative dim", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())["x"].set_shape(0, -2); });
+  add("zero dim", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())["x"].set_shape(0, 0); });
+  add("rank 9", [](v1::FusedOpRequest& p) {
+    for (int i = 0; i < 7; ++i) (*p.mutable_inputs())["x"].add_shape(1);
+  });
+  add("huge dims", [](v1::FusedOpRequest& p) {
+    (*p.mutable_inputs())["x"].set_shape(0, int64_t{1} << 40);
+    (*p.mutable_inputs())["x"].add_shape(int64_t{1} << 40);
+  });
+  add("shape mismatch", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())["weight"].set_shape(0, 7); });
+  add("attr without value", [](v1::FusedOpRequest& p) { (*p.mutable_attrs())["eps"].Clear(); });
+  add("attr of the wrong kind", [](v1::FusedOpRequest& p) { (*p.mutable_attrs())["eps"].set_s("x"); });
+  add("attr out of range", [](v1::FusedOpRequest& p) { (*p.mutable_attrs())["eps"].set_f(-1); });
+  add("int attr for a float", [](v1::FusedOpRequest& p) { (*p.mutable_attrs())["eps"].set_i(1); });
+  add("unknown attr", [](v1::FusedOpRequest& p) { (*p.mutable_attrs())["nope"].set_b(true); });
+  add("empty input name", [](v1::FusedOpRequest& p) { (*p.mutable_inputs())[""] = p.inputs().at("x"); });
+  for (const auto& [what, p] : cases) {
+    const std::string bytes = Serialize(p);
+    absl::StatusOr<OpRequest> want = ByProtobuf(bytes);
+    std::optional<absl::StatusOr<OpRequest>> got = ByWire(bytes);
+    ASSERT_TRUE(got.has_value()) << what;
+    EXPECT_EQ(got->status(), want.status()) << what;
+  }
+  // Cost bounds too.
+  ValidationLimits tight;
+  tight.max_output_bytes = 16;
+  const std::string bytes = Serialize(good);
+  EXPECT_EQ(ByWire(bytes, 0, tight)->status(), ByProtobuf(bytes, tight).status());
+  EXPECT_TRUE(absl::IsResourceExhausted(ByProtobuf(bytes, tight).status()));
+}
+
+// Raw protobuf wire pieces.
+std::string Varint(uint64_t v) {
+  std::string s;
+  while (v >= 0x80) {
+    s.push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  s.push_back(static_cast<char>(v));
+  return s;
+}
+std::string Field(int number, int wire_type) { return Varint(static_cast<uint64_t>(number) << 3 | wire_type); }
+std::string Len(int number, const std::string& body) { return Field(number, 2) + Varint(body.size()) + body; }
+
+TEST(FusedOpWire, UnknownFieldsAreSkippedAndUnpackedShapesRead) {
+  const OpRequest r = MakeRandomRequest("rms_norm", DType::kF32, {2, 8}, 3);
+  const v1::FusedOpRequest p = OpRequestToProto(r);
+  // x written by hand: unpacked shape, an unknown varint and an unknown
+  // length-delimited field inside the Tensor and the entry.
+  const v1::Tensor& x = p.inputs().at("x");
+  std::string tensor = Field(1, 0) + Varint(x.dtype());
+  for (int64_t d : x.shape()) tensor += Field(2, 0) + Varint(static_cast<uint64_t>(d));
+  tensor += Field(9, 0) + Varint(5) + Len(10, "zz") + Len(3, x.data());
+  std::string bytes = Len(2, Len(1, "x") + Field(7, 5) + std::string(4, '\0') + Len(2, tensor));
+  v1::FusedOpRequest rest = p;
+  rest.mutable_inputs()->erase("x");
+  bytes += Serialize(rest) + Field(15, 1) + std::string(8, '\1');
+  absl::StatusOr<OpRequest> want = ByProtobuf(bytes);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (size_t piece : {size_t{0}, size_t{3}}) {
+    std::optional<absl::StatusOr<OpRequest>> got = ByWire(bytes, piece);
+    ASSERT_TRUE(got.has_value() && got->ok());
+    ExpectSame(**got, *want);
+    ExpectSame(**got, r);
+  }
+}
+
+TEST(FusedOpWire, LeavesToProtobufWhatItDoesNotTake) {
+  const v1::FusedOpRequest p = OpRequestToProto(MakeRandomRequest("rms_norm", DType::kBF16, {1, 8}, 5));
+  const std::string bytes = Serialize(p);
+  const std::string x_entry = Len(2, Len(1, "x") + Len(2, ""));  // x again, an empty Tensor
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"non-ASCII op (UTF-8)", Len(1, "r\xc3\xa9") + bytes},
+      {"invalid UTF-8 op", Len(1, "\xff") + bytes},
+      {"repeated map key", bytes + x_entry},
+      {"truncated", bytes.substr(0, bytes.size() - 3)},
+      {"group", bytes + Field(20, 3) + Field(20, 4)},
+      {"known field, other wire type", bytes + Field(1, 0) + Varint(3)},
+      {"overlong varint", bytes + Field(16, 0) + std::string(11, '\x80')},
+      {"length past the end", bytes + Field(16, 2) + Varint(1000)},
+  };
+  for (const auto& [what, b] : cases) {
+    EXPECT_FALSE(ByWire(b).has_value()) << what;
+    EXPECT_FALSE(ByWire(b, 5).has_value()) << what;
+  }
+  EXPECT_TRUE(ByWire(bytes).has_value());
+}
+
+TEST(FusedOpWire, ResponseParsesBackToTheMessageProtobufWouldWrite) {
+  TensorMap outputs;
+  const OpRequest r = MakeRandomRequest("add_rms_norm", DType::kBF16, {3, 300}, 9);
+  outputs["y"] = r.in("x");
+  outputs["residual_out"] = r.in("residual");
+  outputs["scalar"] = HostTensor{DType::kF32, {}, std::string(4, '\2')};
+  grpc::ByteBuffer out;
+  EncodeFusedOpWire(outputs, "cpu", &out);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(out.Dump(&slices).ok());
+  ASSERT_EQ(slices.size(), 1u);
+  v1::FusedOpResponse got;
+  ASSERT_TRUE(got.ParseFromArray(slices[0].begin(), static_cast<int>(slices[0].size())));
+  v1::FusedOpResponse want;
+  for (const auto& [name, t] : outputs) TensorToProto(t, &(*want.mutable_outputs())[name]);
+  want.set_backend("cpu");
+  EXPECT_EQ(got.ByteSizeLong(), want.ByteSizeLong());
+  EXPECT_EQ(slices[0].size(), want.ByteSizeLong());
+  std::string a, b;
+  got.SerializeToString(&a);
+  want.SerializeToString(&b);
+  // Map order aside, the same message.
+  ASSERT_EQ(got.outputs_size(), want.outputs_size());
+  for (const auto& [name, t] : want.outputs()) {
+    ASSERT_TRUE(got.outputs().count(name)) << name;
+    EXPECT_EQ(got.outputs().at(name).SerializeAsString(), t.SerializeAsString()) << name;
+  }
+  EXPECT_EQ(got.backend(), "cpu");
+}
+
+// The decode's heap allocations for rms_norm bf16 [1,4096] (the benchmark's
+// message): fewer than protobuf's, and the tensor bytes are copied once.
+TEST(FusedOpWire, DecodeAllocatesLessThanProtobuf) {
+  const std::string bytes = Serialize(OpRequestToProto(MakeRandomRequest("rms_norm", DType::kBF16, {1, 4096}, 2)));
+  const grpc::ByteBuffer body = Body(bytes, 1500);  // TCP-sized slices
+  WireFusedOp wire;
+  int64_t wire_allocs = 0, proto_allocs = 0;
+  for (int round = 0; round < 3; ++round) {  // the last round: buffers warm
+    g_allocations = 0;
+    g_counting = true;
+    const bool parsed = ParseFusedOpWire(body, &wire);
+    absl::StatusOr<OpRequest> a = ValidateWireFusedOp(wire, ValidationLimits());
+    g_counting = false;
+    ASSERT_TRUE(parsed && a.ok());
+    wire_allocs = g_allocations;
+
+    g_allocations = 0;
+    g_counting = true;
+    grpc::ByteBuffer copy(body);
+    v1::FusedOpRequest p;
+    const bool ok = grpc::SerializationTraits<v1::FusedOpRequest>::Deserialize(&copy, &p).ok();
+    absl::StatusOr<OpRequest> b = TakeValidatedFusedOp(p, ValidationLimits());
+    g_counting = false;
+    ASSERT_TRUE(ok && b.ok());
+    proto_allocs = g_allocations;
+  }
+  std::printf("heap allocations per decode: wire codec %lld, protobuf %lld\n", static_cast<long long>(wire_allocs),
+              static_cast<long long>(proto_allocs));
+  EXPECT_LT(wire_allocs, proto_allocs);
+}
+
+}  // namespace
+}  // namespace fusedserve

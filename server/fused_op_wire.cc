@@ -54,9 +54,11 @@ class Reader {
     return true;
   }
   // A length prefix that must fit before `limit`; sets *field_end.
+  // Protobuf reads a length as a varint32 of at most 5 bytes, at most INT_MAX.
   bool Length(size_t limit, size_t* n, size_t* field_end) {
     uint64_t v = 0;
-    if (!Varint(&v) || pos_ > limit || v > limit - pos_) return false;
+    const size_t start = pos_;
+    if (!Varint(&v) || pos_ - start > 5 || v > 0x7fffffffu || pos_ > limit || v > limit - pos_) return false;
     *n = static_cast<size_t>(v);
     *field_end = pos_ + *n;
     return true;
@@ -137,8 +139,11 @@ bool SkipField(Reader& r, size_t limit, uint32_t wire_type) {
 }
 
 bool Tag(Reader& r, uint32_t* field, uint32_t* wire_type) {
+  // A tag is a varint32 of at most 5 bytes, as protobuf reads it: a longer
+  // (over-long) encoding of a valid tag is refused there too.
   uint64_t tag = 0;
-  if (!r.Varint(&tag) || tag > 0xffffffffu) return false;
+  const size_t start = r.pos();
+  if (!r.Varint(&tag) || r.pos() - start > 5 || tag > 0xffffffffu) return false;
   *field = static_cast<uint32_t>(tag >> 3);
   *wire_type = static_cast<uint32_t>(tag & 7);
   return *field != 0;

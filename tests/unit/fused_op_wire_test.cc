@@ -202,6 +202,10 @@ TEST(FusedOpWire, LeavesToProtobufWhatItDoesNotTake) {
       {"known field, other wire type", bytes + Field(1, 0) + Varint(3)},
       {"overlong varint", bytes + Field(16, 0) + std::string(11, '\x80')},
       {"length past the end", bytes + Field(16, 2) + Varint(1000)},
+      // Found by fuzz_fused_op: protobuf reads tags and lengths as varint32s
+      // of at most 5 bytes, so over-long encodings of valid values fail there.
+      {"6-byte tag", bytes + std::string("\xaa\xbe\xd9\xbd\x87\x00\x00", 7)},
+      {"10-byte length", std::string("\x0a\x80\x80\x80\x80\x80\x80\x80\x80\x80\x22", 11) + bytes},
   };
   for (const auto& [what, b] : cases) {
     EXPECT_FALSE(ByWire(b).has_value()) << what;

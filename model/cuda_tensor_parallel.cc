@@ -14,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "model/cuda_rank.h"
 #include "model/rank_threads.h"
 

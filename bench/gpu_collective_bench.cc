@@ -4,13 +4,15 @@
 // Each size is timed as a CUDA graph of 20 back-to-back all-reduces per rank
 // (how the decode graphs replay them), median of 15 replays; reported per
 // all-reduce: µs, and bus bandwidth 2(N-1)/N x bytes / time (NCCL's busbw;
-// 0 for one rank). Usage: gpu_collective_bench
+// 0 for one rank), in plain cudaMalloc buffers and in NCCL symmetric windows
+// (ncclMemAlloc + ncclCommWindowRegister). Usage: gpu_collective_bench
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench_common.h"
@@ -18,6 +20,58 @@
 
 using fusedserve::DType;
 using fusedserve::bench::Median;
+
+// Per all-reduce µs of `count` bf16 in place in bufs (one per rank): a graph
+// of kInGraph back-to-back all-reduces per rank, median of 15 replays.
+double AllReduceUs(const fusedserve::cuda::NcclGroup& g, const std::vector<void*>& bufs,
+                   const std::vector<cudaStream_t>& streams, size_t count) {
+  const int n = g.size(), kInGraph = 20;
+  std::vector<cudaGraphExec_t> execs(n);
+  for (int k = 0; k < n; ++k) {
+    BENCH_CHECK(cudaSetDevice(k));
+    BENCH_CHECK(cudaStreamBeginCapture(streams[k], cudaStreamCaptureModeRelaxed));
+  }
+  for (int i = 0; i < kInGraph; ++i) {
+    if (!g.GroupStart().ok()) std::exit(1);
+    for (int k = 0; k < n; ++k) {
+      if (fusedserve::CudaStatus s = g.AllReduceSum(k, bufs[k], count, DType::kBF16, streams[k]); !s.ok()) {
+        std::fprintf(stderr, "%s\n", s.message.c_str());
+        std::exit(1);
+      }
+    }
+    if (!g.GroupEnd().ok()) std::exit(1);
+  }
+  for (int k = 0; k < n; ++k) {
+    BENCH_CHECK(cudaSetDevice(k));
+    cudaGraph_t graph = nullptr;
+    BENCH_CHECK(cudaStreamEndCapture(streams[k], &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+  }
+  std::vector<double> us;
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaSetDevice(0));
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  for (int rep = 0; rep < 18; ++rep) {
+    BENCH_CHECK(cudaSetDevice(0));
+    BENCH_CHECK(cudaEventRecord(e0, streams[0]));
+    for (int k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(k));
+      BENCH_CHECK(cudaGraphLaunch(execs[k], streams[k]));
+    }
+    BENCH_CHECK(cudaSetDevice(0));
+    BENCH_CHECK(cudaEventRecord(e1, streams[0]));
+    for (int k = 0; k < n; ++k) BENCH_CHECK(cudaStreamSynchronize(streams[k]));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep >= 3) us.push_back(ms * 1e3 / kInGraph);
+  }
+  for (int k = 0; k < n; ++k) BENCH_CHECK(cudaGraphExecDestroy(execs[k]));
+  BENCH_CHECK(cudaEventDestroy(e0));
+  BENCH_CHECK(cudaEventDestroy(e1));
+  return Median(us);
+}
 
 int main() {
   int n = 0;
@@ -38,66 +92,47 @@ int main() {
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("NCCL %s, %d x %s\n", g->version().c_str(), n, prop.name);
-  std::printf("| bytes | per all-reduce (µs) | busbw (GB/s) |\n|---|---|---|\n");
-  const int kInGraph = 20;
   const size_t kMax = size_t{64} << 20;
-  std::vector<void*> buf(n);
+  std::vector<void*> plain(n), symmetric(n);
   std::vector<cudaStream_t> streams(n);
   for (int k = 0; k < n; ++k) {
     BENCH_CHECK(cudaSetDevice(k));
-    BENCH_CHECK(cudaMalloc(&buf[k], kMax));
-    BENCH_CHECK(cudaMemset(buf[k], 0x3c, kMax));  // bf16 ~0.0115: sums stay finite
+    BENCH_CHECK(cudaMalloc(&plain[k], kMax));
+    BENCH_CHECK(cudaMemset(plain[k], 0x3c, kMax));  // bf16 ~0.0115: sums stay finite
     BENCH_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
   }
+  // The same all-reduces inside NCCL symmetric windows (the runner's decode
+  // buffers where the library has them).
+  // Registration is collective: one thread per rank, as the runner's ranks.
+  std::vector<std::string> errors(n);
+  {
+    std::vector<std::thread> threads;
+    for (int k = 0; k < n; ++k) {
+      threads.emplace_back([&, k] {
+        if (fusedserve::CudaStatus s = g->AllocateSymmetric(k, kMax, &symmetric[k]); !s.ok()) errors[k] = s.message;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  std::string no_symmetric;
+  for (const std::string& e : errors) {
+    if (no_symmetric.empty()) no_symmetric = e;
+  }
+  if (no_symmetric.empty()) {
+    for (int k = 0; k < n; ++k) {
+      BENCH_CHECK(cudaSetDevice(k));
+      BENCH_CHECK(cudaMemset(symmetric[k], 0x3c, kMax));
+    }
+  } else {
+    std::printf("symmetric windows: %s\n", no_symmetric.c_str());
+  }
+  std::printf(
+      "| bytes | per all-reduce (µs) | busbw (GB/s) | symmetric window (µs) | busbw (GB/s) |\n|---|---|---|---|---|\n");
   for (size_t bytes = 4096; bytes <= kMax; bytes *= 4) {
-    const size_t count = bytes / 2;
-    std::vector<cudaGraphExec_t> execs(n);
-    for (int k = 0; k < n; ++k) {
-      BENCH_CHECK(cudaSetDevice(k));
-      BENCH_CHECK(cudaStreamBeginCapture(streams[k], cudaStreamCaptureModeRelaxed));
-    }
-    for (int i = 0; i < kInGraph; ++i) {
-      if (!g->GroupStart().ok()) return 1;
-      for (int k = 0; k < n; ++k) {
-        if (fusedserve::CudaStatus s = g->AllReduceSum(k, buf[k], count, DType::kBF16, streams[k]); !s.ok()) {
-          std::fprintf(stderr, "%s\n", s.message.c_str());
-          return 1;
-        }
-      }
-      if (!g->GroupEnd().ok()) return 1;
-    }
-    for (int k = 0; k < n; ++k) {
-      BENCH_CHECK(cudaSetDevice(k));
-      cudaGraph_t graph = nullptr;
-      BENCH_CHECK(cudaStreamEndCapture(streams[k], &graph));
-      BENCH_CHECK(cudaGraphInstantiate(&execs[k], graph, 0));
-      BENCH_CHECK(cudaGraphDestroy(graph));
-    }
-    std::vector<double> us;
-    cudaEvent_t e0, e1;
-    BENCH_CHECK(cudaSetDevice(0));
-    BENCH_CHECK(cudaEventCreate(&e0));
-    BENCH_CHECK(cudaEventCreate(&e1));
-    for (int rep = 0; rep < 18; ++rep) {
-      BENCH_CHECK(cudaSetDevice(0));
-      BENCH_CHECK(cudaEventRecord(e0, streams[0]));
-      for (int k = 0; k < n; ++k) {
-        BENCH_CHECK(cudaSetDevice(k));
-        BENCH_CHECK(cudaGraphLaunch(execs[k], streams[k]));
-      }
-      BENCH_CHECK(cudaSetDevice(0));
-      BENCH_CHECK(cudaEventRecord(e1, streams[0]));
-      for (int k = 0; k < n; ++k) BENCH_CHECK(cudaStreamSynchronize(streams[k]));
-      float ms = 0;
-      BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      if (rep >= 3) us.push_back(ms * 1e3 / kInGraph);
-    }
-    const double t = Median(us);
-    const double busbw = n > 1 ? 2.0 * (n - 1) / n * bytes / (t * 1e-6) / 1e9 : 0.0;
-    std::printf("| %zu | %.2f | %.1f |\n", bytes, t, busbw);
-    for (int k = 0; k < n; ++k) BENCH_CHECK(cudaGraphExecDestroy(execs[k]));
-    BENCH_CHECK(cudaEventDestroy(e0));
-    BENCH_CHECK(cudaEventDestroy(e1));
+    const double t = AllReduceUs(*g, plain, streams, bytes / 2);
+    const double ts = no_symmetric.empty() ? AllReduceUs(*g, symmetric, streams, bytes / 2) : 0.0;
+    auto busbw = [&](double us) { return n > 1 && us > 0 ? 2.0 * (n - 1) / n * bytes / (us * 1e-6) / 1e9 : 0.0; };
+    std::printf("| %zu | %.2f | %.1f | %.2f | %.1f |\n", bytes, t, busbw(t), ts, busbw(ts));
   }
   return 0;
 }

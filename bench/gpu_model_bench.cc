@@ -18,7 +18,12 @@
 //      over its K/V gathered from the cache vs on paged attention
 //      (FUSEDSERVE_CHUNK_FLASH=0 for the second runner), beside the whole
 //      prompt from position 0.
-// FS_BENCH=decode|prefill|chunk|engine|8b|gemm: that section only.
+//   5. tensor parallelism (FS_BENCH=tp only): the whole llama-3-8b preset
+//      on N = 1, 2, 4 GPUs (as many as there are; FS_TP_LIST=1,2 to choose),
+//      N = 1 on the plain runner: decode step at B = 1 and 16, ctx 2048, and
+//      prefill B=2 S=2048; each N's time over N = 1's, and prefill scaling
+//      efficiency t1 / (N tN).
+// FS_BENCH=decode|prefill|chunk|engine|8b|gemm|tp: that section only.
 // FS_TUNE=1: runners on tuned configs (the model's envelope tuned first).
 // FS_TP=N: runners split over N GPUs (tensor parallelism over NCCL; N=1
 // takes that path on one GPU: what the rank thread and a one-rank
@@ -93,13 +98,18 @@ ConfigLookup TuneModel(const ModelConfig& c, int64_t max_tokens, int64_t max_seq
   return g_services.back()->counted_lookup();
 }
 
-std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens, int64_t kv_blocks, int64_t bs) {
+// tensor_parallel: 0 reads FS_TP (N GPUs through the NCCL path, N = 1 too);
+// N >= 1 takes N GPUs, N = 1 on the plain runner.
+std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens, int64_t kv_blocks, int64_t bs,
+                                        int tensor_parallel = 0) {
   CudaModelRunnerOptions o;
   o.max_tokens = max_tokens;
   o.max_seqs = 64;
   o.max_graph_batch = 64;
   if (Tuned()) o.tuned = TuneModel(c, max_tokens, o.max_seqs);
-  if (const char* tp = std::getenv("FS_TP")) {
+  if (tensor_parallel > 0) {
+    o.tensor_parallel = tensor_parallel;
+  } else if (const char* tp = std::getenv("FS_TP")) {
     o.tensor_parallel = std::max(1, std::atoi(tp));
     o.force_tensor_parallel_path = true;
   }
@@ -334,6 +344,64 @@ void Layer8bTable(double bw) {
               (layer_w + kv) / bw * 1e6, 100.0 * (layer_w + kv) / bw * 1e3 / dc_ms);
 }
 
+// The whole llama-3-8b preset split over N GPUs. Decode: 2 all-reduces of
+// B x 4096 bf16 per layer (8 KB at B = 1), latency-bound; weights and K/V
+// read per GPU fall as 1/N (the embedding is replicated, the LM head split
+// by vocabulary rows, or replicated and run on rank 0 in the "plain" rows). Floor per N: (weights / N + head (/ N) +
+// K/V / N) at the copy bandwidth.
+void TensorParallelTable(double bw) {
+  const ModelConfig c = *PresetConfig("llama-3-8b");
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  std::vector<int> sizes;
+  if (const char* list = std::getenv("FS_TP_LIST")) {
+    for (const char* p = list; *p != '\0';) {
+      sizes.push_back(std::atoi(p));
+      while (*p != '\0' && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+  } else {
+    for (int n : {1, 2, 4}) {
+      if (n <= gpus) sizes.push_back(n);
+    }
+  }
+  const int64_t bs = 16, per_seq = 2048 / bs + 1;
+  const double head_bytes = 2.0 * c.vocab * c.hidden;
+  const double body_bytes = static_cast<double>(c.NumParameters()) * 2 - 2 * head_bytes;
+  std::printf("\n5. tensor parallelism, %s (%.2f GB bf16), ms\n", c.name.c_str(), c.NumParameters() * 2 / 1e9);
+  std::printf("%-9s %8s %9s %8s %14s %9s %13s %8s %6s\n", "N", "decode B=1", "floor", "vs N=1", "decode B=16", "vs N=1",
+              "prefill 2x2048", "vs N=1", "eff");
+  double base[3] = {0, 0, 0};
+  // N > 1 twice: "plain" without the vocabulary-parallel head and the rope
+  // fusion on ranks (their switches at 0), then as built (the environment's
+  // FUSEDSERVE_TP_SYMMETRIC=1 applies to both).
+  const char* plain_env[] = {"FUSEDSERVE_TP_VOCAB_PARALLEL", "FUSEDSERVE_DECODE_FUSION"};
+  for (int n : sizes) {
+    if (n > gpus) {
+      std::printf("%3d skipped: %d GPU(s)\n", n, gpus);
+      continue;
+    }
+    for (bool plain : {true, false}) {
+      if (plain && n == 1) continue;
+      for (const char* e : plain_env) plain ? setenv(e, "0", 1) : unsetenv(e);
+      auto t0 = Clock::now();
+      std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, 16 * per_seq + 16, bs, n);
+      const double setup_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      Batch d1(1, 2047, 1, per_seq, c.vocab), d16(16, 2047, 1, per_seq, c.vocab), pre(2, 0, 2048, per_seq, c.vocab);
+      const double t[3] = {MedianForwardMs(*r, d1.seqs), MedianForwardMs(*r, d16.seqs),
+                           MedianForwardMs(*r, pre.seqs, 10)};
+      if (base[0] == 0) std::copy(t, t + 3, base);
+      const double kv = 2048.0 * c.layers * c.kv_dim() * 2 * 2;
+      const double head = n > 1 && !plain ? head_bytes / n : head_bytes;
+      const double floor_ms = ((body_bytes + kv) / n + head) / bw * 1e3;  // embedding: B rows only
+      std::printf("%3d%-6s %8.3f %9.3f %7.2fx %14.3f %8.2fx %13.3f %7.2fx %5.0f%%   (set-up %.0f s)\n", n,
+                  plain ? " plain" : "", t[0], floor_ms, t[0] / base[0], t[1], t[1] / base[1], t[2], t[2] / base[2],
+                  100.0 * base[2] / (n * t[2]), setup_s);
+    }
+  }
+  for (const char* e : plain_env) unsetenv(e);
+}
+
 // cuBLASLt's candidate algorithms on the decode GEMMs of a batch of M
 // sequences (the step runs M > cuda::kGemvMaxM through cuBLASLt): time of each,
 // and the weight-read bandwidth it reaches.
@@ -428,6 +496,7 @@ int Main() {
   if (sel.empty() || sel == "engine") EngineTable(c, bw);
   if (sel.empty() || sel == "8b") Layer8bTable(bw);
   if (sel.empty() || sel == "gemm") GemmAlgoTable(c, bw);
+  if (sel == "tp") TensorParallelTable(bw);
   return 0;
 }
 

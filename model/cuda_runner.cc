@@ -35,7 +35,10 @@
 //   ranks       with tensor parallelism (cuda_tensor_parallel.cc) each GPU runs
 //               one of these over its shard: its q/kv heads and intermediate
 //               columns, and an NCCL all-reduce of the o_proj and down_proj
-//               partial sums before each residual add.
+//               partial sums before each residual add (small ones in an NCCL
+//               symmetric window with FUSEDSERVE_TP_SYMMETRIC=1); the LM head
+//               is split by vocabulary rows (each rank's logits gathered to
+//               rank 0).
 #ifdef FUSEDSERVE_HAVE_CUDA
 
 #include "model/cuda_runner.h"
@@ -45,6 +48,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -76,6 +80,23 @@ namespace {
 // from the cache; paged attention re-reads the context once per query row
 // (1920 rows over 2048 keys: ~20 ms a step on the H100 for the 1B model).
 constexpr int64_t kChunkFlashMinRows = 16;
+
+// FUSEDSERVE_TP_SYMMETRIC=1 (off by default): the all-reduces of up to this
+// many bytes (decode steps up to 4 rows of hidden 4096 in bf16) run in an
+// NCCL symmetric window. On 2 and 4 H100s (gpu_collective_bench) 4-16 KB
+// take 5.2-5.6 µs there against 7.3-7.8 in plain buffers (N = 2) and
+// 7.5-7.8 against 12-13 (N = 4); from 64 KB (N = 2) or 256 KB (N = 4) up
+// they are slower. Off by default: with it the fp32 tiny model at N = 2
+// gives wrong logits (model_cuda_test TensorParallelMatchesCpu/tiny, NCCL
+// 2.28.3; alternating two windows did not help), cause not found; the bf16
+// models matched the CPU runner in every run.
+constexpr size_t kSymmetricMaxBytes = 32 << 10;
+
+// An experiment switch read at start-up: the variable is set to "0".
+bool EnvIsZero(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "0";
+}
 
 // A runtime call's error as a status (the one conversion, CudaToAbsl).
 absl::Status Cuda(cudaError_t e, const char* what) { return CudaToAbsl(CheckCuda(e, what, __FILE__, __LINE__)); }
@@ -160,16 +181,33 @@ class CudaModelRunner final : public ModelRunner {
                        c_.head_dim, ", ", c_.q_heads, "/", c_.kv_heads, ")"));
     }
     flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
-    const char* chunk_env = std::getenv("FUSEDSERVE_CHUNK_FLASH");  // "0": later chunks on paged attention
     chunk_flash_ = flash_ok_ && cuda::HopperAttentionAvailable() &&
                    cuda::HopperAttentionSupports(dt_, static_cast<int>(c_.head_dim)) &&
-                   !(chunk_env != nullptr && std::string(chunk_env) == "0");
+                   !EnvIsZero("FUSEDSERVE_CHUNK_FLASH");  // "0": later chunks on paged attention
 
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
-    if (!c_.tied_embeddings)
-      if (absl::Status status = Upload(w, {"lm_head.weight"}, &lm_head_own_); !status.ok()) return status;
-    lm_head_ = c_.tied_embeddings ? embed_.get() : lm_head_own_.get();
+    const std::string head_name = c_.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    vocab_parallel_ = group_ != nullptr && shard_.size > 1 && !EnvIsZero("FUSEDSERVE_TP_VOCAB_PARALLEL");
+    if (vocab_parallel_) {
+      // This rank's vocabulary rows of the LM head (tied: of the embedding).
+      if (absl::Status status =
+              Upload(w, {WeightBlock{head_name, shard_.vocab_begin, shard_.vocab, 0, c_.hidden}}, &lm_head_own_);
+          !status.ok())
+        return status;
+    } else if (!c_.tied_embeddings) {
+      if (absl::Status status = Upload(w, {head_name}, &lm_head_own_); !status.ok()) return status;
+    }
+    lm_head_ = c_.tied_embeddings && !vocab_parallel_ ? embed_.get() : lm_head_own_.get();
+    const char* symmetric_env = std::getenv("FUSEDSERVE_TP_SYMMETRIC");
+    if (group_ != nullptr && symmetric_env != nullptr && std::string(symmetric_env) == "1") {
+      // Every rank registers at once (the loaders run one thread a rank).
+      if (CudaStatus s = group_->AllocateSymmetric(shard_.rank, kSymmetricMaxBytes, &symmetric_); s.ok()) {
+        symmetric_bytes_ = kSymmetricMaxBytes;
+      } else if (shard_.rank == 0) {
+        std::fprintf(stderr, "tensor parallel: all-reduces in plain buffers (%s)\n", s.message.c_str());
+      }
+    }
     layers_ = std::vector<Layer>(c_.layers);
     for (int64_t i = 0; i < c_.layers; ++i) {
       const std::string p = absl::StrCat("model.layers.", i, ".");
@@ -595,6 +633,14 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = CudaToAbsl(last_.Allocate(Sq * D * es_), "last rows"); !status.ok()) return status;
       if (absl::Status status = CudaToAbsl(logits_.Allocate(Sq * c_.vocab * es_), "logits"); !status.ok())
         return status;
+      if (vocab_parallel_) {
+        const int64_t per = VocabPerRank();
+        if (absl::Status status = CudaToAbsl(head_part_.Allocate(Sq * per * es_), "logits part"); !status.ok())
+          return status;
+        if (absl::Status status = CudaToAbsl(head_parts_.Allocate(shard_.size * Sq * per * es_), "logits parts");
+            !status.ok())
+          return status;
+      }
       if (absl::Status status = CudaToAbsl(hlogits_.Allocate(Sq * c_.vocab * es_), "host logits"); !status.ok())
         return status;
       if (absl::Status status = CudaToAbsl(greedy_.Allocate(Sq * sizeof(int32_t)), "greedy tokens"); !status.ok())
@@ -737,20 +783,57 @@ class CudaModelRunner final : public ModelRunner {
       return status;
     if (FusedDecode(st)) return EnqueueFusedDecode(st);
     if (absl::Status status = EnqueueLayers(st, 0, c_.layers); !status.ok()) return status;
-    if (shard_.rank != 0) return absl::OkStatus();  // rank 0 alone runs the (replicated) LM head
+    if (shard_.rank != 0 && !vocab_parallel_) return absl::OkStatus();  // rank 0 alone runs a replicated head
     // h holds final_norm(x); the LM head runs on each sequence's last row.
     if (absl::Status status = CudaToAbsl(
             cuda::LaunchGatherRows(h_.get(), Idx(ix_.last_rows), st.B, c_.hidden * es_, last_.get(), stream_),
             "last rows");
         !status.ok())
       return status;
-    if (absl::Status status =
-            Linear(ModelKernel::kLmHead, last_.get(), lm_head_, st.B, c_.hidden, c_.vocab, logits_.get());
-        !status.ok())
-      return status;
+    return EnqueueLmHead(st, last_.get());
+  }
+
+  // Logits of the B rows (normed, [B, D]) into logits_ and their argmax:
+  // on rank 0 over the whole vocabulary or, vocabulary-parallel, each rank
+  // over its rows, then gathered to rank 0 ([rank][B][part] -> [B][vocab]).
+  absl::Status EnqueueLmHead(const Step& st, const void* rows) {
+    const int64_t B = st.B, D = c_.hidden, V = c_.vocab;
+    if (!vocab_parallel_) {
+      if (absl::Status status = Linear(ModelKernel::kLmHead, rows, lm_head_, B, D, V, logits_.get()); !status.ok())
+        return status;
+    } else {
+      const int64_t per = VocabPerRank();
+      if (absl::Status status = Linear(ModelKernel::kLmHead, rows, lm_head_, B, D, shard_.vocab, head_part_.get());
+          !status.ok())
+        return status;
+      if (absl::Status status = CudaToAbsl(group_->AllGather(shard_.rank, head_part_.get(), head_parts_.get(),
+                                                             static_cast<size_t>(B * per), dt_, stream_),
+                                           "logits all-gather");
+          !status.ok())
+        return status;
+      if (shard_.rank != 0) return absl::OkStatus();
+      for (int r = 0; r < shard_.size; ++r) {
+        const int64_t begin = std::min(V, r * per), n = std::min(V, begin + per) - begin;  // as ShardOf
+        if (absl::Status status = Cuda(cudaMemcpy2DAsync(logits_.as<uint8_t>() + begin * es_, V * es_,
+                                                         head_parts_.as<uint8_t>() + r * B * per * es_, n * es_,
+                                                         n * es_, B, cudaMemcpyDeviceToDevice, stream_),
+                                       "logits parts");
+            !status.ok())
+          return status;
+      }
+    }
     return CudaToAbsl(
-        cuda::LaunchArgmaxRows(dt_, logits_.get(), st.B, c_.vocab, greedy_.as<int32_t>(), argmax_ws_.get(), stream_),
+        cuda::LaunchArgmaxRows(dt_, logits_.get(), B, V, greedy_.as<int32_t>(), argmax_ws_.get(), stream_),
         "greedy argmax");
+  }
+
+  // Vocabulary rows of every rank but the last (ShardOf's split).
+  int64_t VocabPerRank() const { return (c_.vocab + shard_.size - 1) / shard_.size; }
+
+  // Where a row-parallel projection writes its partial sums for T rows: the
+  // symmetric window when they fit (kSymmetricMaxBytes), else tmp_.
+  void* PartialSums(int64_t T) const {
+    return static_cast<size_t>(T * c_.hidden) * es_ <= symmetric_bytes_ ? symmetric_ : tmp_.get();
   }
 
   // Whether kernel k runs the GEMV at M rows (its tuned config or the built-in rule).
@@ -771,11 +854,12 @@ class CudaModelRunner final : public ModelRunner {
 
   // A pure-decode step (one token per sequence, so row b is sequence b's last
   // row) whose projections all run the GEMV: the fused decode layers apply
-  // (not on a tensor-parallel rank: its o_proj and down sums are all-reduced
-  // before the residual add, in EnqueueLayers).
+  // (on a tensor-parallel rank only the rope fusion: its o_proj and down sums
+  // are all-reduced before the residual add).
   bool FusedDecode(const Step& st) {
-    if (fuse_ == 0 || group_ != nullptr || st.block_layers || st.use_flash || st.T != st.B || st.R != st.T)
-      return false;
+    if (fuse_ == 0 || st.block_layers || st.use_flash || st.T != st.B || st.R != st.T) return false;
+    // A rank's residual add follows the all-reduce: no folding into epilogues.
+    if (group_ != nullptr && (fuse_ & CudaModelRunnerOptions::kDecodeFuseNorm) != 0) return false;
     if (dt_ != DType::kBF16 && dt_ != DType::kF16) return false;
     const int64_t T = st.T;
     for (int64_t K : {c_.hidden, c_.q_dim(), c_.intermediate}) {
@@ -877,10 +961,12 @@ class CudaModelRunner final : public ModelRunner {
           r.residual = x_[cur].get();
           if (absl::Status status = gemv(in, w, D, K, x_[1 - cur].get(), r, "o_proj/down"); !status.ok()) return status;
         } else {
-          if (absl::Status status = gemv(in, w, D, K, tmp_.get(), cuda::GemvFusion{}, "o_proj/down"); !status.ok())
+          void* sums = PartialSums(T);
+          if (absl::Status status = gemv(in, w, D, K, sums, cuda::GemvFusion{}, "o_proj/down"); !status.ok())
             return status;
+          if (absl::Status status = AllReduce(sums, T * D); !status.ok()) return status;
           if (absl::Status status =
-                  Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
+                  Norm(cuda::NormKind::kAddRms, sums, x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
               !status.ok())
             return status;
         }
@@ -895,6 +981,10 @@ class CudaModelRunner final : public ModelRunner {
             !status.ok())
           return status;
       }
+    }
+    if (group_ != nullptr) {
+      if (shard_.rank != 0 && !vocab_parallel_) return absl::OkStatus();
+      return EnqueueLmHead(st, h_.get());  // h holds final_norm(x), one row a sequence
     }
     cuda::GemvFusion head;
     if (fuse_norm) {
@@ -926,11 +1016,12 @@ class CudaModelRunner final : public ModelRunner {
         return status;
       if (absl::Status status = RopeKvWrite(st, l, /*dense_kv=*/true); !status.ok()) return status;
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
-      if (absl::Status status = Linear(ModelKernel::kOProj, ao_.get(), L.wo.get(), T, qd, D, tmp_.get()); !status.ok())
+      void* sums = PartialSums(T);
+      if (absl::Status status = Linear(ModelKernel::kOProj, ao_.get(), L.wo.get(), T, qd, D, sums); !status.ok())
         return status;
-      if (absl::Status status = AllReduce(tmp_.get(), T * D); !status.ok()) return status;
-      if (absl::Status status = Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), L.mlp_norm.get(), T, h_.get(),
-                                     x_[1 - cur].get());
+      if (absl::Status status = AllReduce(sums, T * D); !status.ok()) return status;
+      if (absl::Status status =
+              Norm(cuda::NormKind::kAddRms, sums, x_[cur].get(), L.mlp_norm.get(), T, h_.get(), x_[1 - cur].get());
           !status.ok())
         return status;
       cur = 1 - cur;
@@ -940,14 +1031,14 @@ class CudaModelRunner final : public ModelRunner {
                          "swiglu");
           !status.ok())
         return status;
-      if (absl::Status status = Linear(ModelKernel::kDown, act_.get(), L.down.get(), T, I, D, tmp_.get()); !status.ok())
+      if (absl::Status status = Linear(ModelKernel::kDown, act_.get(), L.down.get(), T, I, D, sums); !status.ok())
         return status;
-      if (absl::Status status = AllReduce(tmp_.get(), T * D); !status.ok()) return status;
+      if (absl::Status status = AllReduce(sums, T * D); !status.ok()) return status;
       // Next layer's input norm fused with the residual add (the final norm
       // after the last layer; outside Forward only the new residual is kept).
       const void* next_w = l + 1 < end ? layers_[l + 1].attn_norm.get() : final_norm_.get();
       if (absl::Status status =
-              Norm(cuda::NormKind::kAddRms, tmp_.get(), x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
+              Norm(cuda::NormKind::kAddRms, sums, x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
           !status.ok())
         return status;
       cur = 1 - cur;
@@ -1190,8 +1281,12 @@ class CudaModelRunner final : public ModelRunner {
   int fuse_ = 0;              // decode fusion mask: options.decode_fusion, or FUSEDSERVE_DECODE_FUSION
   cudaStream_t stream_ = nullptr;
 
-  DeviceBuffer embed_, final_norm_, lm_head_own_;
+  DeviceBuffer embed_, final_norm_, lm_head_own_;  // lm_head_own_: a rank's rows when vocab_parallel_
   const void* lm_head_ = nullptr;
+  bool vocab_parallel_ = false;
+  DeviceBuffer head_part_, head_parts_;  // vocab_parallel_: [B][its rows] logits, and every rank's
+  void* symmetric_ = nullptr;            // NCCL symmetric window (the group owns it)
+  size_t symmetric_bytes_ = 0;
   std::vector<Layer> layers_;
   DeviceBuffer cos_sin_;
   int64_t table_rows_ = 0;

@@ -25,7 +25,13 @@ struct NcclApi {
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
-  std::string load_error;  // empty when every function resolved
+  decltype(&ncclAllGather) all_gather = nullptr;
+  // Symmetric memory (2.27+); null with older libraries.
+  decltype(&ncclMemAlloc) mem_alloc = nullptr;
+  decltype(&ncclMemFree) mem_free = nullptr;
+  decltype(&ncclCommWindowRegister) window_register = nullptr;
+  decltype(&ncclCommWindowDeregister) window_deregister = nullptr;
+  std::string load_error;  // empty when every required function resolved
 };
 
 namespace {
@@ -52,6 +58,14 @@ const NcclApi& LoadApi() {
     resolve(&a->group_start, "ncclGroupStart");
     resolve(&a->group_end, "ncclGroupEnd");
     resolve(&a->error_string, "ncclGetErrorString");
+    resolve(&a->all_gather, "ncclAllGather");
+    auto optional = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
+    };
+    optional(&a->mem_alloc, "ncclMemAlloc");
+    optional(&a->mem_free, "ncclMemFree");
+    optional(&a->window_register, "ncclCommWindowRegister");
+    optional(&a->window_deregister, "ncclCommWindowDeregister");
     return a;
   }();
   return *api;
@@ -118,6 +132,13 @@ CudaStatus NcclGroup::Create(const std::vector<int>& devices, std::unique_ptr<Nc
 }
 
 NcclGroup::~NcclGroup() {
+  // Windows go before their communicators (an aborted one cannot deregister).
+  for (const Window& w : windows_) {
+    cudaSetDevice(devices_[w.rank]);
+    if (!comms_.empty())
+      api_->window_deregister(static_cast<ncclComm_t>(comms_[w.rank]), static_cast<ncclWindow_t>(w.window));
+    api_->mem_free(w.ptr);
+  }
   for (void* c : comms_) api_->comm_destroy(static_cast<ncclComm_t>(c));
 }
 
@@ -134,6 +155,40 @@ CudaStatus NcclGroup::AllReduceSum(int rank, void* data, size_t count, DType dty
   if (!ToNccl(dtype, &t)) return CudaStatus::Error("NCCL all-reduce: only float dtypes are summed");
   return Check(*api_, api_->all_reduce(data, data, count, t, ncclSum, static_cast<ncclComm_t>(comms_[rank]), stream),
                "ncclAllReduce");
+}
+
+CudaStatus NcclGroup::AllGather(int rank, const void* send, void* recv, size_t count, DType dtype,
+                                cudaStream_t stream) const {
+  if (comms_.empty()) return CudaStatus::Error("NCCL all-gather: the group was aborted");
+  if (rank < 0 || rank >= size()) return CudaStatus::Error("NCCL all-gather: rank out of range");
+  ncclDataType_t t;
+  if (!ToNccl(dtype, &t)) return CudaStatus::Error("NCCL all-gather: only float dtypes");
+  return Check(*api_, api_->all_gather(send, recv, count, t, static_cast<ncclComm_t>(comms_[rank]), stream),
+               "ncclAllGather");
+}
+
+CudaStatus NcclGroup::AllocateSymmetric(int rank, size_t bytes, void** ptr) const {
+  *ptr = nullptr;
+  if (comms_.empty()) return CudaStatus::Error("NCCL symmetric memory: the group was aborted");
+  if (rank < 0 || rank >= size()) return CudaStatus::Error("NCCL symmetric memory: rank out of range");
+  if (api_->mem_alloc == nullptr || api_->window_register == nullptr)
+    return CudaStatus::Error("NCCL " + version_ + " has no symmetric memory (ncclCommWindowRegister needs 2.27+)");
+  if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(devices_[rank])); !s.ok()) return s;
+  void* p = nullptr;
+  if (CudaStatus s = Check(*api_, api_->mem_alloc(&p, bytes), "ncclMemAlloc"); !s.ok()) return s;
+  ncclWindow_t window = nullptr;
+  if (CudaStatus s = Check(
+          *api_,
+          api_->window_register(static_cast<ncclComm_t>(comms_[rank]), p, bytes, &window, NCCL_WIN_COLL_SYMMETRIC),
+          "ncclCommWindowRegister");
+      !s.ok()) {
+    api_->mem_free(p);
+    return s;
+  }
+  std::lock_guard<std::mutex> lock(windows_mu_);
+  windows_.push_back({rank, p, window});
+  *ptr = p;
+  return CudaStatus::Ok();
 }
 
 CudaStatus NcclGroup::GroupStart() const { return Check(*api_, api_->group_start(), "ncclGroupStart"); }
@@ -156,6 +211,10 @@ CudaStatus NcclGroup::Create(const std::vector<int>&, std::unique_ptr<NcclGroup>
 }
 NcclGroup::~NcclGroup() = default;
 CudaStatus NcclGroup::AllReduceSum(int, void*, size_t, DType, cudaStream_t) const { return CudaStatus::Error(kNoNccl); }
+CudaStatus NcclGroup::AllGather(int, const void*, void*, size_t, DType, cudaStream_t) const {
+  return CudaStatus::Error(kNoNccl);
+}
+CudaStatus NcclGroup::AllocateSymmetric(int, size_t, void**) const { return CudaStatus::Error(kNoNccl); }
 CudaStatus NcclGroup::GroupStart() const { return CudaStatus::Error(kNoNccl); }
 CudaStatus NcclGroup::GroupEnd() const { return CudaStatus::Error(kNoNccl); }
 void NcclGroup::Abort() {}

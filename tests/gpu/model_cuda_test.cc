@@ -528,6 +528,30 @@ TEST_P(ModelCudaTest, TensorParallelMatchesCpu) {
   ExpectDecodeMatchesCpu(c, p, 3);
   ExpectLayersMatchCpu(c, p);
 }
+// Four kv heads, so a 4-GPU host splits it four ways, and a vocabulary that
+// does not divide (the last rank's LM head rows are fewer): the
+// vocabulary-parallel head's gather and the symmetric-window all-reduces
+// over every rank the host has (up to 4), decode from the graphs included.
+TEST(ModelCudaTensorParallel, FourKvHeadsUnevenVocabularyMatchesCpu) {
+  std::string why;
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
+  ModelConfig c = MidConfig();
+  c.name = "mid_kv4";
+  c.hidden = 1024;
+  c.q_heads = 16;
+  c.kv_heads = 4;
+  c.vocab = 2050;
+  int gpus = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+  const int n = gpus >= 4 ? 4 : gpus >= 2 ? 2 : 1;
+  std::printf("[%s] tensor parallel over %d GPU(s)\n", c.name.c_str(), n);
+  Pair p = MakePair(c, 64, 16, /*graphs=*/true, nullptr, false, CudaModelRunnerOptions{}.decode_fusion, n);
+  ASSERT_TRUE(p.gpu != nullptr);
+  ExpectDecodeMatchesCpu(c, p, 3);
+  ExpectLayersMatchCpu(c, p);
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, ModelCudaTest, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::string(i.param == 0 ? "tiny" : i.param == 1 ? "mid_d64" : "mid_d128");

@@ -1,7 +1,9 @@
 // NcclGroup (kernels/cuda/nccl_group.h): the all-reduce the tensor-parallel
 // runner uses, over every visible GPU (one on a single-GPU host: the N = 1
 // path through NCCL) and over one GPU, eager and captured in CUDA graphs,
-// against the host's sum. Skips without a GPU or without NCCL.
+// against the host's sum; the same in NCCL symmetric windows, and the
+// all-gather of the vocabulary-parallel LM head. Skips without a GPU or
+// without NCCL.
 #include "kernels/cuda/nccl_group.h"
 
 #include <cuda_runtime.h>
@@ -9,7 +11,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -151,6 +156,103 @@ TEST(NcclGroupTest, AllReduceOverEveryGpu) {
   std::vector<int> devices;
   for (int i = 0; i < n; ++i) devices.push_back(i);
   RunGroup(devices);
+}
+
+// Symmetric windows (registered from one thread per rank, as the runner's
+// loaders do) hold all-reduces like plain buffers, eager and in graphs; an
+// all-gather puts rank r's elements at r x count on every rank, bit for bit.
+TEST(NcclGroupTest, SymmetricWindowsAndAllGatherOverEveryGpu) {
+  const int n = GpuCount();
+  if (n < 1) GTEST_SKIP() << "no CUDA device";
+  std::string why;
+  if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
+  std::vector<int> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(i);
+  std::unique_ptr<cuda::NcclGroup> g;
+  const CudaStatus created = cuda::NcclGroup::Create(devices, &g);
+  ASSERT_TRUE(created.ok()) << created.message;
+  const size_t kBytes = size_t{4} << 20;
+  std::vector<void*> windows(n, nullptr);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n; ++k) {
+    threads.emplace_back([&, k] {
+      if (CudaStatus s = g->AllocateSymmetric(k, kBytes, &windows[k]); !s.ok()) errors[k] = s.message;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (!errors[0].empty()) GTEST_SKIP() << errors[0];
+  for (int k = 1; k < n; ++k) ASSERT_TRUE(errors[k].empty()) << errors[k];
+  std::mt19937 rng(42);
+  for (DType t : {DType::kBF16, DType::kF32}) {
+    for (size_t count : {size_t{1}, size_t{4096}, size_t{4096 * 16 + 5}}) {
+      Ranks r;
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        cudaStream_t s = nullptr;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        r.streams.push_back(s);
+      }
+      r.data = windows;  // owned by the group, not freed by Ranks
+      std::vector<double> sum = FillRanks(*g, r, t, count, rng);
+      ASSERT_TRUE(g->GroupStart().ok());
+      for (int k = 0; k < n; ++k) ASSERT_TRUE(g->AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
+      ASSERT_TRUE(g->GroupEnd().ok());
+      for (int k = 0; k < n; ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
+      ExpectSums(*g, r, t, sum, "symmetric eager");
+
+      std::vector<cudaGraphExec_t> execs(n, nullptr);
+      ASSERT_TRUE(g->GroupStart().ok());
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaStreamBeginCapture(r.streams[k], cudaStreamCaptureModeRelaxed), cudaSuccess);
+        ASSERT_TRUE(g->AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
+      }
+      ASSERT_TRUE(g->GroupEnd().ok());
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        cudaGraph_t graph = nullptr;
+        ASSERT_EQ(cudaStreamEndCapture(r.streams[k], &graph), cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&execs[k], graph, 0), cudaSuccess);
+        cudaGraphDestroy(graph);
+      }
+      sum = FillRanks(*g, r, t, count, rng);
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(execs[k], r.streams[k]), cudaSuccess);
+      }
+      for (int k = 0; k < n; ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
+      ExpectSums(*g, r, t, sum, "symmetric graph replay");
+      for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+
+      // All-gather: send from each window, receive into plain buffers.
+      const size_t es = DTypeSize(t);
+      std::vector<std::vector<uint8_t>> sent(n, std::vector<uint8_t>(count * es));
+      std::vector<void*> recv(n, nullptr);
+      for (int k = 0; k < n; ++k) {
+        for (size_t i = 0; i < count; ++i) FromHost(t, static_cast<float>(k * 1000 + i % 977) / 8, sent[k].data(), i);
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(r.data[k], sent[k].data(), count * es, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&recv[k], n * count * es), cudaSuccess);
+        ASSERT_EQ(cudaMemset(recv[k], 0xff, n * count * es), cudaSuccess);  // poison
+      }
+      ASSERT_TRUE(g->GroupStart().ok());
+      for (int k = 0; k < n; ++k) ASSERT_TRUE(g->AllGather(k, r.data[k], recv[k], count, t, r.streams[k]).ok());
+      ASSERT_TRUE(g->GroupEnd().ok());
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
+        std::vector<uint8_t> got(n * count * es);
+        ASSERT_EQ(cudaMemcpy(got.data(), recv[k], got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        for (int from = 0; from < n; ++from) {
+          EXPECT_EQ(0, std::memcmp(got.data() + from * count * es, sent[from].data(), count * es))
+              << "rank " << k << " part " << from << " dtype " << DTypeName(t) << " count " << count;
+        }
+        cudaFree(recv[k]);
+      }
+      r.data.clear();
+    }
+  }
 }
 
 TEST(NcclGroupTest, BadGroupsAreRefusedClearly) {

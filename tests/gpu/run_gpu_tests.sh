@@ -8,12 +8,7 @@ b=$1
 out=$2
 mkdir -p "$out"
 source "$b/env.sh"
-# NCCL (tensor parallelism) is loaded at run time; where it came only with
-# PyTorch's wheels, point the loader there.
-if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
-  nccl=$(python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null) &&
-    export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl/lib
-fi
+source "$(dirname "$0")/nccl_env.sh"
 : > "$out/rc.txt"
 for i in 0 1 2 3 4 5 6 7; do
   (GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 300 stdbuf -oL "$b/bin/op_test" > "$out/op_test.$i.log" 2>&1

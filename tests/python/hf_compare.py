@@ -12,13 +12,15 @@ GPU host; the server and its Python client wherever it is built):
                       to bfloat16, as DIR/bf16, and records transformers'
                       prefill logits and 32 greedy tokens (full forward per
                       step) in DIR/expected.npz.
-  check --dir DIR --bin FUSEDSERVE [--device cpu|cuda]
+  check --dir DIR --bin FUSEDSERVE [--device cpu|cuda] [--tensor-parallel N]
                       starts the server with --model=DIR/f32 (then DIR/bf16)
                       and compares: logits of the prefill (embeddings ->
                       TransformerBlock over all layers -> final norm and
                       lm_head from the checkpoint, in numpy), relative error
                       <= 1e-4 in fp32 and <= 2e-2 in bf16; and Generate's
                       greedy tokens, identical to transformers' in fp32.
+                      --tensor-parallel N runs the server with the model
+                      split over N GPUs (N ranks of the CPU runner on cpu).
   all   --out DIR --bin FUSEDSERVE     both on one host.
 
 Needs: make: torch, transformers, numpy. check: numpy, grpcio and the
@@ -122,7 +124,7 @@ def _load_weights(ckpt: Path) -> dict:
     return out
 
 
-def check(directory: Path, binary: str, device: str = "cpu") -> bool:
+def check(directory: Path, binary: str, device: str = "cpu", tensor_parallel: int = 1) -> bool:
     sys.path.insert(0, str(HERE))
     import tempfile
 
@@ -137,11 +139,12 @@ def check(directory: Path, binary: str, device: str = "cpu") -> bool:
         config = json.loads((ckpt / "config.json").read_text())
         w = _load_weights(ckpt)
         with tempfile.TemporaryDirectory() as tmp:
-            proc = ServerProcess(binary, Path(tmp), [f"--model={ckpt}", f"--device={device}"]).start()
+            proc = ServerProcess(binary, Path(tmp), [f"--model={ckpt}", f"--device={device}", f"--tensor_parallel={tensor_parallel}"]).start()
             try:
                 with FusedServeClient(proc.target, timeout=300.0) as c:
                     info = c.server_info()
-                    print(f"{tag}: server model runner on {info.device} ({info.device_name})")
+                    print(f"{tag}: server model runner on {info.device} ({info.device_name}), "
+                          f"tensor parallel {tensor_parallel}")
                     emb = w["model.embed_tokens.weight"][prompt].astype(np.float32)[None]
                     hidden = c.transformer_block(emb).astype(np.float64)[0]
                     eps = config.get("rms_norm_eps", 1e-6)
@@ -176,13 +179,14 @@ def main() -> int:
     ap.add_argument("--bin", default=None, help="fusedserve binary (check, all)")
     ap.add_argument("--head-dim", type=int, default=48, help="make: attention head dim")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="check: the server's --device")
+    ap.add_argument("--tensor-parallel", type=int, default=1, help="check: the server's --tensor_parallel")
     a = ap.parse_args()
     if a.mode in ("make", "all"):
         make(a.dir, a.head_dim)
     if a.mode in ("check", "all"):
         if not a.bin:
             ap.error("--bin is required for check")
-        return 0 if check(a.dir, a.bin, a.device) else 1
+        return 0 if check(a.dir, a.bin, a.device, a.tensor_parallel) else 1
     return 0
 
 

@@ -374,15 +374,17 @@ void TensorParallelTable(double bw) {
   double base[3] = {0, 0, 0};
   // N > 1 twice: "plain" without the vocabulary-parallel head and the rope
   // fusion on ranks (their switches at 0), then as built (the environment's
-  // FUSEDSERVE_TP_SYMMETRIC=1 applies to both).
+  // FUSEDSERVE_TP_SYMMETRIC=1 applies to both; FS_TP_PLAIN=0: no plain rows).
   const char* plain_env[] = {"FUSEDSERVE_TP_VOCAB_PARALLEL", "FUSEDSERVE_DECODE_FUSION"};
+  const char* plain_rows = std::getenv("FS_TP_PLAIN");
+  const bool with_plain = plain_rows == nullptr || std::string(plain_rows) != "0";
   for (int n : sizes) {
     if (n > gpus) {
       std::printf("%3d skipped: %d GPU(s)\n", n, gpus);
       continue;
     }
     for (bool plain : {true, false}) {
-      if (plain && n == 1) continue;
+      if (plain && (n == 1 || !with_plain)) continue;
       for (const char* e : plain_env) plain ? setenv(e, "0", 1) : unsetenv(e);
       auto t0 = Clock::now();
       std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, 16 * per_seq + 16, bs, n);

@@ -26,11 +26,12 @@ struct NcclApi {
   decltype(&ncclGroupEnd) group_end = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
   decltype(&ncclAllGather) all_gather = nullptr;
-  // Symmetric memory (2.27+); null with older libraries.
+#ifdef NCCL_WIN_COLL_SYMMETRIC  // symmetric memory: nccl.h 2.27+; null with older libraries
   decltype(&ncclMemAlloc) mem_alloc = nullptr;
   decltype(&ncclMemFree) mem_free = nullptr;
   decltype(&ncclCommWindowRegister) window_register = nullptr;
   decltype(&ncclCommWindowDeregister) window_deregister = nullptr;
+#endif
   std::string load_error;  // empty when every required function resolved
 };
 
@@ -59,6 +60,7 @@ const NcclApi& LoadApi() {
     resolve(&a->group_end, "ncclGroupEnd");
     resolve(&a->error_string, "ncclGetErrorString");
     resolve(&a->all_gather, "ncclAllGather");
+#ifdef NCCL_WIN_COLL_SYMMETRIC
     auto optional = [&](auto* fn, const char* name) {
       *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
     };
@@ -66,6 +68,7 @@ const NcclApi& LoadApi() {
     optional(&a->mem_free, "ncclMemFree");
     optional(&a->window_register, "ncclCommWindowRegister");
     optional(&a->window_deregister, "ncclCommWindowDeregister");
+#endif
     return a;
   }();
   return *api;
@@ -132,6 +135,7 @@ CudaStatus NcclGroup::Create(const std::vector<int>& devices, std::unique_ptr<Nc
 }
 
 NcclGroup::~NcclGroup() {
+#ifdef NCCL_WIN_COLL_SYMMETRIC
   // Windows go before their communicators (an aborted one cannot deregister).
   for (const Window& w : windows_) {
     cudaSetDevice(devices_[w.rank]);
@@ -139,6 +143,7 @@ NcclGroup::~NcclGroup() {
       api_->window_deregister(static_cast<ncclComm_t>(comms_[w.rank]), static_cast<ncclWindow_t>(w.window));
     api_->mem_free(w.ptr);
   }
+#endif
   for (void* c : comms_) api_->comm_destroy(static_cast<ncclComm_t>(c));
 }
 
@@ -171,6 +176,10 @@ CudaStatus NcclGroup::AllocateSymmetric(int rank, size_t bytes, void** ptr) cons
   *ptr = nullptr;
   if (comms_.empty()) return CudaStatus::Error("NCCL symmetric memory: the group was aborted");
   if (rank < 0 || rank >= size()) return CudaStatus::Error("NCCL symmetric memory: rank out of range");
+#ifndef NCCL_WIN_COLL_SYMMETRIC
+  (void)bytes;
+  return CudaStatus::Error("this build's nccl.h predates symmetric memory (ncclCommWindowRegister needs 2.27+)");
+#else
   if (api_->mem_alloc == nullptr || api_->window_register == nullptr)
     return CudaStatus::Error("NCCL " + version_ + " has no symmetric memory (ncclCommWindowRegister needs 2.27+)");
   if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(devices_[rank])); !s.ok()) return s;
@@ -189,6 +198,7 @@ CudaStatus NcclGroup::AllocateSymmetric(int rank, size_t bytes, void** ptr) cons
   windows_.push_back({rank, p, window});
   *ptr = p;
   return CudaStatus::Ok();
+#endif
 }
 
 CudaStatus NcclGroup::GroupStart() const { return Check(*api_, api_->group_start(), "ncclGroupStart"); }

@@ -331,8 +331,20 @@ TEST_F(ComputeTest, AttentionPrefillVarlenAndFull) {
 // and on other GPUs these configs run the mma.sync kernel): 128-row query
 // tiles and 128-key tiles, so the edges are at 64 (a consumer warpgroup's
 // rows) and 128; GQA 1/4/8, both head dims and dtypes, causal and not.
-const std::vector<std::string> kHopperConfigs = {"",           "h128.s2.o2", "h128.s2.o1",
-                                                 "h128.s3.o2", "h128.s3.o1", "h128.s2.o0"};
+// Every built variant by its full name: a name that does not parse runs the
+// default config (HopperConfigNamesParse; the short names this list held
+// before never ran anything but the default).
+const std::vector<std::string> kHopperConfigs = {
+    "", "h128.s2.o2.e1", "h128.s2.o2.e0", "h128.s2.o1.e1", "h128.s2.o1.e0", "h128.s3.o1.e1", "h128.s2.o0.e1"};
+
+TEST_F(ComputeTest, HopperConfigNamesParse) {
+  for (const std::string& name : kHopperConfigs) {
+    if (name.empty()) continue;
+    cuda::AttentionConfig c;
+    EXPECT_TRUE(cuda::ParseAttentionConfig(name, &c)) << name;
+    EXPECT_EQ(cuda::FormatAttentionConfig(c), name);
+  }
+}
 
 TEST_F(ComputeTest, AttentionPrefillHopperTileEdges) {
   uint64_t seed = 900;
@@ -509,7 +521,7 @@ TEST_F(ComputeTest, AttentionPrefillHopperChunks) {
     CheckChunkPrefill(c, seed += 3, kHopperConfigs);
   }
   CheckChunkPrefill({DType::kBF16, {{128, 1920}}, 8, 2, 64, true}, 1200, {""});
-  CheckChunkPrefill({DType::kF16, {{1000, 300}, {0, 65}, {15, 1}}, 8, 1, 128, false}, 1203, {"", "h128.s3.o1"});
+  CheckChunkPrefill({DType::kF16, {{1000, 300}, {0, 65}, {15, 1}}, 8, 1, 128, false}, 1203, {"", "h128.s3.o1.e1"});
 }
 
 TEST_F(ComputeTest, AttentionPrefillFp32) {

@@ -276,11 +276,12 @@ class Batcher : public OpScheduler {
     if (RunsInline(task.request, options_.inline_max_bytes)) {
       absl::ReleasableMutexLock lock(&mu_);
       if (stopping_) return absl::UnavailableError("server is shutting down");
-      if (queued_ == 0 && running_ == 0) {
-        // The backend is idle and nothing waits: the launch rule would start
-        // this request at once; start it here instead of waking a worker.
-        // Counted in running_ like a worker's launch; Launch releases it.
-        // Only from idle, so at most one gRPC thread is ever busy with a
+      if (queued_ == 0 && running_ < options_.parallel_launches) {
+        // The backend has a free launch slot and nothing waits: the launch
+        // rule would start this request at once; start it here instead of
+        // waking a worker. Counted in running_ like a worker's launch; Launch
+        // releases it. Only while a slot is free, so at most
+        // parallel_launches gRPC threads (one with CUDA) are ever busy with a
         // launch and under load requests still reach the queue (and batch).
         // (Neither keyed nor costed: a lone launch needs neither.)
         ++running_;

@@ -146,6 +146,28 @@ for s in $servers; do
     "$( [ -s "$out/$s-c64-cpu.txt" ] && col "$out/$s-c64-cpu.txt" 1 || echo -) |"
 done
 
+# Issue 18's ratios, paired by round (each fusedserve row against the best
+# echo row of the same round, so that load drifting between rounds cancels):
+# medians of c=1 p50 / the lowest echo p50 and c=64 req/s / the highest echo req/s.
+echos=""
+for s in $servers; do case $s in echo-*) [ -s "$out/$s-c1.txt" ] && echos="$echos $s" ;; esac; done
+if [ -n "$echos" ]; then
+  echo
+  echo "| server | c=1 p50 / best echo's (same round) | c=64 req/s / best echo's (same round) |"
+  echo "|---|---|---|"
+  for s in $servers; do
+    case $s in fusedserve*) [ -s "$out/$s-c1.txt" ] || continue ;; *) continue ;; esac
+    # shellcheck disable=SC2086
+    c1=$(for e in $echos; do awk -v e="$e" '{print NR, e, $4}' "$out/$e-c1.txt"; done |
+      awk '{ if (!($1 in b) || $3 < b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
+      sort -n | paste -d' ' - <(awk '{print $4}' "$out/$s-c1.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
+    c64=$(for e in $echos; do awk -v e="$e" '{print NR, e, $3}' "$out/$e-c64.txt"; done |
+      awk '{ if (!($1 in b) || $3 > b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
+      sort -n | paste -d' ' - <(awk '{print $3}' "$out/$s-c64.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
+    echo "| $s | $c1 | $c64 |"
+  done
+fi
+
 # Where a FusedOp spends its time (last round; fusedserve_fused_op_stage_seconds):
 # at c=1, and at c=64 (the difference of the scrapes after c=1 and after c=64).
 stages() {

@@ -1,6 +1,7 @@
 #include "server/async_calls.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "google/protobuf/unknown_field_set.h"
 
@@ -72,7 +73,7 @@ void AsyncUnaryCall::Finish(const grpc::Status& status) {
 }
 
 void AsyncUnaryCall::Closed() {
-  if (--closing_events_ == 0) delete this;
+  if (closing_events_.fetch_sub(1) == 1) delete this;
 }
 
 // ---- Generate ----------------------------------------------------------------
@@ -115,7 +116,7 @@ void AsyncGenerateCall::OnEvent(Kind kind, bool ok) {
     case Kind::kFinish:
       break;
   }
-  if (--closing_events_ == 0) {
+  if (closing_events_.fetch_sub(1) == 1) {
     events->OnDone();
     delete this;
   }
@@ -219,7 +220,7 @@ class AsyncHealth::CheckCall final {
     writer_.Finish(HealthResponse(status), grpc::Status::OK, &main_tag_);
   }
   void Closed() {
-    if (--closing_events_ == 0) delete this;
+    if (closing_events_.fetch_sub(1) == 1) delete this;
   }
 
   struct Tag final : CqTag {
@@ -237,7 +238,7 @@ class AsyncHealth::CheckCall final {
   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> writer_{&ctx_};
   grpc::ByteBuffer request_;
   bool arrived_ = false;
-  int closing_events_ = 2;
+  std::atomic<int> closing_events_{2};  // threads sharing a queue may take two events at once
 };
 
 // One Watch call: sends the status, then each change (one write in flight;
@@ -307,7 +308,7 @@ class AsyncHealth::WatchCall final {
       case Kind::kFinish:
         break;
     }
-    if (--closing_events_ == 0) delete this;
+    if (closing_events_.fetch_sub(1) == 1) delete this;
   }
 
   void MaybeWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_->mu_) {
@@ -363,9 +364,9 @@ class AsyncHealth::WatchCall final {
   bool finished_ = false;
   bool finish_wanted_ = false;
   grpc::Status finish_status_;
-  int sent_ = 0;     // the last status written (0: none yet)
-  int pending_ = 0;  // the status to write next (0: none)
-  int closing_events_ = 2;
+  int sent_ = 0;                        // the last status written (0: none yet)
+  int pending_ = 0;                     // the status to write next (0: none)
+  std::atomic<int> closing_events_{2};  // threads sharing a queue may take two events at once
 };
 
 AsyncHealth::AsyncHealth() : service_(std::make_unique<AsyncHealthService>()) {

@@ -13,6 +13,7 @@
 // Watch) with the default health service's answers.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -129,7 +130,7 @@ class AsyncUnaryCall final {
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
   bool arrived_ = false;
-  int closing_events_ = 2;
+  std::atomic<int> closing_events_{2};  // threads sharing a queue may take two events at once
 };
 
 // One Generate call on a queue: the GenerateStream (server/model_rpc.h) of
@@ -169,7 +170,9 @@ class AsyncGenerateCall final : public GenerateStream {
   grpc::ServerContext ctx_;
   grpc::ServerAsyncWriter<grpc::ByteBuffer> writer_{&ctx_};
   grpc::ByteBuffer request_;
-  int closing_events_ = 2;  // the Finish's completion and the done notice
+  // The Finish's completion and the done notice: atomic, as threads sharing
+  // a queue (--grpc_cqs) may take the two events at once.
+  std::atomic<int> closing_events_{2};
 };
 
 // grpc.health.v1.Health on the async API, with the answers of gRPC's default

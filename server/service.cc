@@ -223,7 +223,7 @@ class FusedServeService::AsyncFusedOpSlot {
     ctx_->AsyncNotifyWhenDone(&done_tag_);
     writer_.emplace(&*ctx_);
     answering_ = false;
-    events_left_ = 2;  // once a call came: the answer's completion and the done notice
+    events_left_.store(2);  // once a call came: the answer's completion and the done notice
     async_->RequestUnary(AsyncFusedServe::kFusedOp, &*ctx_, &request_, &*writer_, cq_, &main_tag_);
   }
 
@@ -281,7 +281,7 @@ class FusedServeService::AsyncFusedOpSlot {
 
   // One of the call's two closing events; after both, the slot is free.
   void Event() {
-    if (--events_left_ == 0) Request();
+    if (events_left_.fetch_sub(1) == 1) Request();
   }
 
   void Done(const absl::Status& status) {
@@ -306,10 +306,12 @@ class FusedServeService::AsyncFusedOpSlot {
   grpc::ByteBuffer response_;
   grpc::Alarm handoff_;                              // reused: set again only after its event came
   std::optional<absl::StatusOr<TensorMap>> result_;  // set by a worker, read after the alarm's event
-  // Touched by the slot's queue thread only (and by Done, which runs before
-  // the events it causes): the queue orders them.
+  // Touched by the slot's queue threads only (and by Done, which runs before
+  // the events it causes): the queue orders the arrival, the answer and its
+  // completion; the done notice may come at once with the completion on
+  // another thread sharing the queue (--grpc_cqs), hence the atomic count.
   bool answering_ = false;
-  int events_left_ = 0;
+  std::atomic<int> events_left_{0};
   absl::Time start_;
   absl::Time sending_;
   std::string op_;

@@ -16,7 +16,9 @@
 #   if present. Every row uses BINDIR's load generator (the same client).
 #   SERVERS (env) picks the rows, e.g. SERVERS="echo-async fusedserve".
 #   FS_FLAGS (env) adds flags to every fusedserve row. Rows: echo-{sync,
-#   callback,async}[-health] (bare gRPC), fusedserve (this build's defaults),
+#   callback,async}[-health] (bare gRPC), echo-async-1cq (one queue, one
+#   thread), echo-async-sharedcq (one queue polled by every thread),
+#   fusedserve (this build's defaults), fusedserve-sharedcq (--grpc_cqs=1),
 #   fusedserve-{callback,sync,async} (--fused_op_api), fusedserve-nozc (CUDA
 #   without zero-copy), fusedserve-nobatch (--batching=false),
 #   fusedserve-worker-answer (--fused_op_answer_on_poller=false),
@@ -52,6 +54,7 @@ cmd[echo-async]="fusedserve_grpc_floor_server --model=async --threads=$cores"
 cmd[echo-sync-health]="fusedserve_grpc_floor_server --model=sync --health"
 cmd[echo-async-health]="fusedserve_grpc_floor_server --model=async --threads=$cores --health"
 cmd[echo-async-1cq]="fusedserve_grpc_floor_server --model=async --threads=1"
+cmd[echo-async-sharedcq]="fusedserve_grpc_floor_server --model=async --threads=$cores --cqs=1"
 cmd[echo-async-spin]="fusedserve_grpc_floor_server --model=async --threads=2 --spin"
 cmd[echo-async-args]="fusedserve_grpc_floor_server --model=async --threads=$cores --minimal_stack --bdp_probe=0 --max_concurrent_streams=256"
 fs="--listen=127.0.0.1:$port --metrics_listen=127.0.0.1:$mport --tuning_cache= --tune_at_startup=false ${FS_FLAGS:-}"
@@ -60,6 +63,7 @@ cmd[fusedserve-sync]="fusedserve $fs --fused_op_api=sync"
 cmd[fusedserve-async]="fusedserve $fs --fused_op_api=async"
 cmd[fusedserve-callback]="fusedserve $fs --fused_op_api=callback"
 cmd[fusedserve-nozc]="fusedserve $fs"  # CUDA: copies through device memory (no zero-copy)
+cmd[fusedserve-sharedcq]="fusedserve $fs --grpc_cqs=1"
 cmd[fusedserve-nobatch]="fusedserve $fs --batching=false"
 cmd[fusedserve-worker-answer]="fusedserve $fs --fused_op_answer_on_poller=false"
 cmd[fusedserve-protobuf]="fusedserve $fs --fused_op_wire_codec=false"
@@ -141,6 +145,28 @@ for s in $servers; do
     "$( [ -s "$out/$s-c64-batch.txt" ] && col "$out/$s-c64-batch.txt" 1 || echo -) |" \
     "$( [ -s "$out/$s-c64-cpu.txt" ] && col "$out/$s-c64-cpu.txt" 1 || echo -) |"
 done
+
+# Issue 18's ratios, paired by round (each fusedserve row against the best
+# echo row of the same round, so that load drifting between rounds cancels):
+# medians of c=1 p50 / the lowest echo p50 and c=64 req/s / the highest echo req/s.
+echos=""
+for s in $servers; do case $s in echo-*) [ -s "$out/$s-c1.txt" ] && echos="$echos $s" ;; esac; done
+if [ -n "$echos" ]; then
+  echo
+  echo "| server | c=1 p50 / best echo's (same round) | c=64 req/s / best echo's (same round) |"
+  echo "|---|---|---|"
+  for s in $servers; do
+    case $s in fusedserve*) [ -s "$out/$s-c1.txt" ] || continue ;; *) continue ;; esac
+    # shellcheck disable=SC2086
+    c1=$(for e in $echos; do awk -v e="$e" '{print NR, e, $4}' "$out/$e-c1.txt"; done |
+      awk '{ if (!($1 in b) || $3 < b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
+      sort -n | paste -d' ' - <(awk '{print $4}' "$out/$s-c1.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
+    c64=$(for e in $echos; do awk -v e="$e" '{print NR, e, $3}' "$out/$e-c64.txt"; done |
+      awk '{ if (!($1 in b) || $3 > b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
+      sort -n | paste -d' ' - <(awk '{print $3}' "$out/$s-c64.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
+    echo "| $s | $c1 | $c64 |"
+  done
+fi
 
 # Where a FusedOp spends its time (last round; fusedserve_fused_op_stage_seconds):
 # at c=1, and at c=64 (the difference of the scrapes after c=1 and after c=64).

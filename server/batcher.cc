@@ -273,31 +273,36 @@ class Batcher : public OpScheduler {
   ~Batcher() override { Shutdown(); }
 
   absl::Status Submit(OpTask task) override {
+    if (RunsInline(task.request, options_.inline_max_bytes)) {
+      absl::ReleasableMutexLock lock(&mu_);
+      if (stopping_) return absl::UnavailableError("server is shutting down");
+      if (queued_ == 0 && running_ < options_.parallel_launches) {
+        // The backend has a free launch slot and nothing waits: the launch
+        // rule would start this request at once; start it here instead of
+        // waking a worker. Counted in running_ like a worker's launch; Launch
+        // releases it. Only while a slot is free, so at most
+        // parallel_launches gRPC threads (one with CUDA) are ever busy with a
+        // launch and under load requests still reach the queue (and batch).
+        // (Neither keyed nor costed: a lone launch needs neither.)
+        ++running_;
+        lock.Release();
+        metrics_->inline_launches().Increment();
+        std::vector<Pending> batch(1);
+        batch[0].task = std::move(task);
+        Launch(std::move(batch));
+        return absl::OkStatus();
+      }
+    }
     // Keying hashes the weights: do it before taking the lock.
     std::optional<BatchShape> shape = BatchShapeOf(task.request);
     const std::string op = task.request.op;
     const BatchPolicy& policy = options_.policy(op);
-    const bool may_inline = RunsInline(task.request, options_.inline_max_bytes);
     const int64_t rows = shape ? shape->rows : 1;
     const int64_t bytes = QueuedBytes(task.request);
     const OpCost cost = EstimateCost(task.request);
     Pending pending{std::move(task), rows, bytes, cost};
-    absl::ReleasableMutexLock lock(&mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("server is shutting down");
-    if (may_inline && queued_ == 0 && running_ == 0) {
-      // The backend is idle and nothing waits: the launch rule would start
-      // this request at once; start it here instead of waking a worker.
-      // Counted in running_ like a worker's launch; Launch releases it. Only
-      // from idle, so at most one gRPC thread is ever busy with a launch and
-      // under load requests still reach the queue (and batch).
-      ++running_;
-      lock.Release();
-      metrics_->inline_launches().Increment();
-      std::vector<Pending> batch;
-      batch.push_back(std::move(pending));
-      Launch(std::move(batch));
-      return absl::OkStatus();
-    }
     if (queued_ >= options_.max_queue) {
       return absl::ResourceExhaustedError(
           absl::StrCat("request queue is full (", options_.max_queue, " queued); retry later"));

@@ -66,9 +66,11 @@ struct BatcherOptions {
   double max_launch_bytes = double(int64_t{4} << 30);  // outputs + working memory
   double max_launch_flops = 5e10;
   // A request that RunsInline(request, inline_max_bytes) accepts and that
-  // finds the batcher idle (nothing queued, no launch running) is launched
-  // alone on the submitting (gRPC) thread, before Submit returns: the launch
-  // the policy makes at once anyway, minus the hand-off to a worker. 0 disables.
+  // finds nothing queued and a launch slot free (fewer than
+  // parallel_launches launches running: with CUDA's one, the batcher idle)
+  // is launched alone on the submitting (gRPC) thread, before Submit
+  // returns: the launch the policy makes at once anyway, minus the hand-off
+  // to a worker and back. 0 disables.
   int64_t inline_max_bytes = 0;
   BatchPolicy defaults;
   std::map<std::string, BatchPolicy> per_op;  // overrides, by op name

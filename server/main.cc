@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
@@ -95,11 +96,15 @@ ABSL_FLAG(int64_t, inline_max_bytes, 256 << 10,
           "worker and back (c=1 latency). Under load requests still queue and batch. 0 disables");
 ABSL_FLAG(std::string, fused_op_api, "async",
           "gRPC API serving FusedOp: async (completion queues, one dedicated polling thread each; the thread that "
-          "receives a call runs small ops inline and answers), callback (gRPC's callback threads) or sync (gRPC's "
-          "sync thread pool); the other RPCs use the callback API. See bench/run_grpc_floor.sh");
+          "receives a call runs small ops inline and answers; every other RPC, health included, is served on the "
+          "same queues), callback (gRPC's callback threads) or sync (gRPC's sync thread pool); with callback or "
+          "sync the other RPCs use the callback API. See bench/run_grpc_floor.sh");
 ABSL_FLAG(int, grpc_pollers, 0,
           "--fused_op_api=sync: most threads polling for new calls at once (threads running calls are extra, up "
-          "to --grpc_max_threads); async: completion queues, one polling thread each. 0 = CPU cores, at most 16");
+          "to --grpc_max_threads); async: polling threads (see --grpc_cqs). 0 = CPU cores, at most 16");
+ABSL_FLAG(int, grpc_cqs, 0,
+          "--fused_op_api=async: completion queues the polling threads share (round robin); 0 = one per thread. "
+          "Fewer queues than threads: the thread that reads a call from a socket more often serves it itself");
 ABSL_FLAG(bool, fused_op_answer_on_poller, true,
           "--fused_op_api=async: a FusedOp run by a scheduler worker (queued, or merged into a batch) is answered "
           "(encoded and written) on its call's own polling thread, handed over through the queue, so the answers of "
@@ -437,6 +442,8 @@ struct GrpcServer {
   std::unique_ptr<grpc::Server> server;
   grpc::CallbackGenericService unknown_methods;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> fused_op_cqs;
+  AsyncHealth* health = nullptr;  // --fused_op_api=async (owned by the server)
+  int async_threads = 0;          // --fused_op_api=async: polling threads over fused_op_cqs
 };
 
 // Listens on --listen with FusedOp on the --fused_op_api server model.
@@ -455,8 +462,21 @@ absl::Status StartGrpc(FusedServeService& service, GrpcServer* g) {
   builder.AddListeningPort(listen, *credentials, &bound_port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.RegisterService(&service);
-  if (service.fused_op_service() != nullptr) {
+  const std::string api = absl::GetFlag(FLAGS_fused_op_api);
+  if (api == "async") {
+    // Every method, health included, on the completion queues
+    // (server/async_calls.h): no callback-API method, so no threads but the
+    // queues' poll gRPC's sockets. Unknown methods get UNIMPLEMENTED from
+    // gRPC itself.
+    auto health = std::make_unique<AsyncHealth>();
+    g->health = health.get();
+    builder.RegisterService(g->health->service());
+    builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(std::move(health)));
+    builder.RegisterService(service.fused_op_service());
+  } else {
+    builder.RegisterService(&service);
+  }
+  if (api == "sync") {
     // FusedOp on the sync API: the pool thread that receives a call serves it.
     builder.RegisterService(service.fused_op_service());
     // FusedOp is "generic" in `service` (so that it is registered once); gRPC
@@ -466,7 +486,6 @@ absl::Status StartGrpc(FusedServeService& service, GrpcServer* g) {
   }
   int pollers = absl::GetFlag(FLAGS_grpc_pollers);
   if (pollers <= 0) pollers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
-  const std::string api = absl::GetFlag(FLAGS_fused_op_api);
   if (api == "sync") {
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
@@ -475,7 +494,10 @@ absl::Status StartGrpc(FusedServeService& service, GrpcServer* g) {
     quota.SetMaxThreads(std::max(2, absl::GetFlag(FLAGS_grpc_max_threads)));
     builder.SetResourceQuota(quota);
   } else if (api == "async") {
-    for (int i = 0; i < pollers; ++i) g->fused_op_cqs.push_back(builder.AddCompletionQueue());
+    int cqs = absl::GetFlag(FLAGS_grpc_cqs);
+    cqs = cqs <= 0 ? pollers : std::min(cqs, pollers);
+    for (int i = 0; i < cqs; ++i) g->fused_op_cqs.push_back(builder.AddCompletionQueue());
+    g->async_threads = pollers;
   }
   g->server = builder.BuildAndStart();
   if (g->server == nullptr || bound_port == 0) return absl::UnavailableError("cannot listen on " + listen);
@@ -485,7 +507,7 @@ absl::Status StartGrpc(FusedServeService& service, GrpcServer* g) {
   if (!g->fused_op_cqs.empty()) {
     std::vector<grpc::ServerCompletionQueue*> cqs;
     for (auto& cq : g->fused_op_cqs) cqs.push_back(cq.get());
-    service.StartAsync(cqs);
+    service.StartAsync(cqs, g->async_threads, g->health);
   }
   LogInfo(absl::StrCat("listening on ", listen, " (port ", bound_port, "); warming up"));
   return absl::OkStatus();

@@ -111,7 +111,7 @@ absl::StatusOr<BlockTask> ValidateTransformerBlock(const v1::TransformerBlockReq
   return task;
 }
 
-void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx, const v1::TransformerBlockRequest* request,
+void StartTransformerBlock(Engine* engine, grpc::ServerContextBase* ctx, const v1::TransformerBlockRequest* request,
                            v1::TransformerBlockResponse* response, const ValidationLimits& limits,
                            std::function<void(const absl::Status&)> finish) {
   if (engine == nullptr) {
@@ -185,21 +185,29 @@ class StreamWriters {
   std::deque<std::shared_ptr<GenerateCall>> queue_ ABSL_GUARDED_BY(mu_);
 };
 
-// One Generate call: the gRPC reactor and the engine's sink in one object.
-// The engine pushes tokens and the final status from its thread; gRPC calls
-// OnWriteDone / OnCancel / OnDone from its threads. Decisions are made under
-// mu_; StartWrite and Finish are called outside it, never on the engine
-// thread (StreamWriters). One write at a time:
+// One Generate call: the engine's sink and the events of its GenerateStream
+// (the gRPC side) in one object. The engine pushes tokens and the final
+// status from its thread; gRPC calls OnWriteDone / OnCancel / OnDone from its
+// threads. Decisions are made under mu_; the stream's Write and End are
+// called outside it, never on the engine thread (StreamWriters). One write at a time:
 // tokens that arrive while a write is in flight are merged into the next
 // message, so memory stays bounded however slowly the client reads. The
 // object is shared by the engine and gRPC (self_ until OnDone), so neither
 // side can free it under the other.
-class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
-                           public GenerationSink,
+class GenerateCall final : public GenerationSink,
+                           public GenerateStreamEvents,
                            public std::enable_shared_from_this<GenerateCall> {
  public:
-  GenerateCall(Engine* engine, Metrics* metrics, absl::Time start, absl::Time deadline, std::function<void()> on_done)
-      : engine_(engine), metrics_(metrics), start_(start), deadline_(deadline), on_done_(std::move(on_done)) {}
+  GenerateCall(GenerateStream* stream, Engine* engine, Metrics* metrics, absl::Time start, absl::Time deadline,
+               std::function<void()> on_done)
+      : stream_out_(stream),
+        engine_(engine),
+        metrics_(metrics),
+        start_(start),
+        deadline_(deadline),
+        on_done_(std::move(on_done)) {
+    stream->events = this;
+  }
 
   // Must be called once, right after construction.
   void KeepAliveUntilDone() { self_ = shared_from_this(); }
@@ -277,7 +285,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     OnFinish(s, GenerationResult{});
   }
 
-  // gRPC reactions.
+  // GenerateStreamEvents.
   void OnWriteDone(bool ok) override {
     if (ok && metrics_ != nullptr && in_flight_sampled_ != absl::InfinitePast()) {
       // The oldest token of the message just sent: sampled -> left the server.
@@ -367,7 +375,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       const grpc::Status serialized =
           grpc::SerializationTraits<v1::GenerateResponse>::Serialize(in_flight_, &in_flight_bytes_, &own);
       if (serialized.ok()) {
-        StartWrite(&in_flight_bytes_);
+        stream_out_->Write(&in_flight_bytes_);
         return;
       }
       {
@@ -385,7 +393,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         metrics_->RecordRequest("Generate", "", GrpcCodeName(g.error_code()),
                                 absl::ToDoubleSeconds(absl::Now() - start_));
       }
-      Finish(g);
+      stream_out_->End(g);
     }
   }
 
@@ -395,6 +403,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (text_ != nullptr) out->set_text(text_->TokenText(id));
   }
 
+  GenerateStream* const stream_out_;  // lives until OnDone
   Engine* const engine_;
   Metrics* const metrics_;
   const TextSupport* text_ = nullptr;   // set before Submit, then read-only
@@ -466,6 +475,8 @@ std::string FindInvalidUtf8Field(const google::protobuf::Descriptor* type, const
   return "";
 }
 
+}  // namespace
+
 // Parses a raw request body. Generate and Tokenize are registered raw so
 // that text that is not valid UTF-8 (which protobuf refuses to parse, and
 // gRPC's typed handlers then answer UNIMPLEMENTED with no message) gets
@@ -486,6 +497,8 @@ absl::Status ParseRequest(const grpc::ByteBuffer& raw, const std::string& method
                                                  "; check that the client was generated from this server's "
                                                  "fusedserve/v1/fusedserve.proto"));
 }
+
+namespace {
 
 // The prompt (ids, text or chat turns), stop strings, logprobs and special
 // token choices of a Generate request, into `r` and the stream's text state.
@@ -558,38 +571,35 @@ absl::Status PrepareGenerate(const v1::GenerateRequest& q, const TextSupport* te
 
 }  // namespace
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartGenerate(Engine* engine, Metrics* metrics, const TextSupport* text,
-                                                          const absl::Status& accepting,
-                                                          grpc::CallbackServerContext* ctx,
-                                                          const grpc::ByteBuffer* raw_request,
-                                                          std::function<void()> on_done) {
+void StartGenerate(Engine* engine, Metrics* metrics, const TextSupport* text, const absl::Status& accepting,
+                   absl::Time deadline, const grpc::ByteBuffer& raw_request, GenerateStream* stream,
+                   std::function<void()> on_done) {
   const absl::Time start = absl::Now();
-  auto call =
-      std::make_shared<GenerateCall>(engine, metrics, start, absl::FromChrono(ctx->deadline()), std::move(on_done));
+  auto call = std::make_shared<GenerateCall>(stream, engine, metrics, start, deadline, std::move(on_done));
   call->KeepAliveUntilDone();
   GenerateCall* reactor = call.get();
   if (engine == nullptr) {
     reactor->FinishNow(absl::UnimplementedError("Generate: no model is loaded in this server"));
-    return reactor;
+    return;
   }
   if (!accepting.ok()) {
     reactor->FinishNow(accepting);
-    return reactor;
+    return;
   }
   v1::GenerateRequest parsed;
-  if (absl::Status s = ParseRequest(*raw_request, "Generate", &parsed); !s.ok()) {
+  if (absl::Status s = ParseRequest(raw_request, "Generate", &parsed); !s.ok()) {
     reactor->FinishNow(s);
-    return reactor;
+    return;
   }
   const v1::GenerateRequest* request = &parsed;
   GenerationRequest r;
-  std::unique_ptr<TextStream> stream;
+  std::unique_ptr<TextStream> text_stream;
   bool text_prompt = false;
-  if (absl::Status s = PrepareGenerate(*request, text, *engine, metrics, &r, &stream, &text_prompt); !s.ok()) {
+  if (absl::Status s = PrepareGenerate(*request, text, *engine, metrics, &r, &text_stream, &text_prompt); !s.ok()) {
     reactor->FinishNow(s);
-    return reactor;
+    return;
   }
-  call->SetText(text, std::move(stream), request->logprobs(), text_prompt);
+  call->SetText(text, std::move(text_stream), request->logprobs(), text_prompt);
   r.max_new_tokens = request->max_new_tokens();
   r.sampling.temperature = request->temperature();
   r.sampling.top_k = request->top_k();
@@ -597,9 +607,32 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartGenerate(Engine* engine, Metric
   r.sampling.seed = request->seed();
   r.stop_token_ids.assign(request->stop_token_ids().begin(), request->stop_token_ids().end());
   r.arrival = start;
-  r.deadline = absl::FromChrono(ctx->deadline());  // the same as the reactor's
+  r.deadline = deadline;  // the same as the call's
   if (absl::Status s = engine->Submit(std::move(r), std::move(call)); !s.ok()) reactor->FinishNow(s);
-  return reactor;
+}
+
+namespace {
+
+// Generate on the callback API: the reactor forwards its reactions to the
+// call's events and deletes itself once done.
+class CallbackGenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public GenerateStream {
+ public:
+  void Write(const grpc::ByteBuffer* message) override { StartWrite(message); }
+  void End(const grpc::Status& status) override { Finish(status); }
+  void OnWriteDone(bool ok) override { events->OnWriteDone(ok); }
+  void OnCancel() override { events->OnCancel(); }
+  void OnDone() override {
+    events->OnDone();
+    delete this;
+  }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewCallbackGenerateStream(GenerateStream** stream) {
+  auto* s = new CallbackGenerateStream;
+  *stream = s;
+  return s;
 }
 
 void SetGenerateWriterThreads(int threads) { StreamWriters::threads_wanted = std::max(0, threads); }

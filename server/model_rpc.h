@@ -31,23 +31,51 @@ absl::StatusOr<BlockTask> ValidateTransformerBlock(const v1::TransformerBlockReq
 
 // Runs a TransformerBlock call through the engine; `finish` is called once
 // (possibly on the engine thread) after `response` is filled or with an error.
-void StartTransformerBlock(Engine* engine, grpc::CallbackServerContext* ctx, const v1::TransformerBlockRequest* request,
+void StartTransformerBlock(Engine* engine, grpc::ServerContextBase* ctx, const v1::TransformerBlockRequest* request,
                            v1::TransformerBlockResponse* response, const ValidationLimits& limits,
                            std::function<void(const absl::Status&)> finish);
 
-// The reactor of one Generate call. engine may be null (UNIMPLEMENTED); a
-// non-OK `accepting` (warming up, draining) ends the call with it. text (the
-// tokenizer; may be null) encodes text prompts and decodes the stream.
+// What a Generate stream reports to its call (on gRPC's threads): the last
+// write's completion, the client's cancellation, the end of the call.
+class GenerateStreamEvents {
+ public:
+  virtual void OnWriteDone(bool ok) = 0;
+  virtual void OnCancel() = 0;
+  virtual void OnDone() = 0;
+
+ protected:
+  ~GenerateStreamEvents() = default;
+};
+
+// The gRPC side of a Generate stream: the callback API's reactor or an
+// async-API call. One Write in flight at a time; End once, with no write in
+// flight; afterwards OnDone comes once and the stream may be gone.
+class GenerateStream {
+ public:
+  virtual ~GenerateStream() = default;
+  virtual void Write(const grpc::ByteBuffer* message) = 0;
+  virtual void End(const grpc::Status& status) = 0;
+  GenerateStreamEvents* events = nullptr;  // set by StartGenerate, before anything is written
+};
+
+// Starts one Generate call on `stream`. engine may be null (UNIMPLEMENTED);
+// a non-OK `accepting` (warming up, draining) ends the call with it. text
+// (the tokenizer; may be null) encodes text prompts and decodes the stream.
 // The request and responses travel raw (a GenerateRequest, GenerateResponse
 // messages): a body that does not parse, such as text that is not valid
 // UTF-8, gets INVALID_ARGUMENT naming the field. Records
 // fusedserve_requests_total; on_done (may be empty) runs when gRPC is done
 // with the call.
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartGenerate(Engine* engine, Metrics* metrics, const TextSupport* text,
-                                                          const absl::Status& accepting,
-                                                          grpc::CallbackServerContext* ctx,
-                                                          const grpc::ByteBuffer* raw_request,
-                                                          std::function<void()> on_done);
+void StartGenerate(Engine* engine, Metrics* metrics, const TextSupport* text, const absl::Status& accepting,
+                   absl::Time deadline, const grpc::ByteBuffer& raw_request, GenerateStream* stream,
+                   std::function<void()> on_done);
+
+// Generate on the callback API: a GenerateStream that is gRPC's reactor.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* NewCallbackGenerateStream(GenerateStream** stream);
+
+// A raw request body parsed as `out`; INVALID_ARGUMENT naming the field
+// (text that is not valid UTF-8) or the message otherwise.
+absl::Status ParseRequest(const grpc::ByteBuffer& raw, const std::string& method, google::protobuf::Message* out);
 
 // Threads that serialize and write Generate messages (--generate_writer_threads;
 // 0: the engine thread writes them itself). Set once, before serving.

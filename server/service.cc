@@ -11,6 +11,7 @@
 #include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/support/method_handler.h"
+#include "server/async_calls.h"
 #include "server/fused_op_wire.h"
 #include "server/model_rpc.h"
 
@@ -18,7 +19,6 @@ namespace fusedserve {
 
 namespace {
 std::unique_ptr<grpc::Service> MakeFusedOpService(FusedServeService* service);
-std::unique_ptr<grpc::Service> MakeAsyncFusedOpService();
 }  // namespace
 
 FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options)
@@ -26,8 +26,9 @@ FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, M
   if (options_.fused_op_api != ServiceOptions::FusedOpApi::kCallback) {
     // Registered once, by fused_op_service(): not by this service.
     grpc::Service::MarkMethodGeneric(0);
-    fused_op_service_ = options_.fused_op_api == ServiceOptions::FusedOpApi::kSync ? MakeFusedOpService(this)
-                                                                                   : MakeAsyncFusedOpService();
+    fused_op_service_ = options_.fused_op_api == ServiceOptions::FusedOpApi::kSync
+                            ? MakeFusedOpService(this)
+                            : std::unique_ptr<grpc::Service>(std::make_unique<AsyncFusedServe>());
   }
 }
 
@@ -115,21 +116,6 @@ std::unique_ptr<grpc::Service> MakeFusedOpService(FusedServeService* service) {
   return std::make_unique<FusedOpService>(service);
 }
 
-// FusedOp as an async method with raw bodies (--fused_op_api=async).
-class AsyncFusedOpService final : public grpc::Service {
- public:
-  AsyncFusedOpService() {
-    AddMethod(new grpc::internal::RpcServiceMethod(kFusedOpMethod, grpc::internal::RpcMethod::NORMAL_RPC, nullptr));
-    grpc::Service::MarkMethodRaw(0);
-  }
-  void Request(grpc::ServerContext* ctx, grpc::ByteBuffer* request,
-               grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* writer, grpc::ServerCompletionQueue* cq, void* tag) {
-    RequestAsyncUnary(0, ctx, request, writer, cq, cq, tag);
-  }
-};
-
-std::unique_ptr<grpc::Service> MakeAsyncFusedOpService() { return std::make_unique<AsyncFusedOpService>(); }
-
 // FusedOp messages live on this thread's protobuf arena, reset when the step
 // that made them ends (the request once validated: its tensor bytes have
 // moved into the OpRequest; the response once serialized): no per-message
@@ -149,6 +135,15 @@ struct ResetArena {
   google::protobuf::Arena& arena;
   ~ResetArena() { arena.Reset(); }
 };
+
+// A response message into a raw body.
+template <typename M>
+absl::Status SerializeMessage(const M& message, grpc::ByteBuffer* out) {
+  bool own = false;
+  const grpc::Status g = grpc::SerializationTraits<M>::Serialize(message, out, &own);
+  if (!g.ok()) return absl::InternalError(g.error_message());
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -211,12 +206,15 @@ static thread_local grpc::ServerCompletionQueue* t_polling_cq = nullptr;
 class FusedServeService::AsyncFusedOpSlot {
  public:
   AsyncFusedOpSlot(FusedServeService* service, grpc::ServerCompletionQueue* cq)
-      : service_(service), cq_(cq), async_(static_cast<AsyncFusedOpService*>(service->fused_op_service_.get())) {}
+      : service_(service), cq_(cq), async_(static_cast<AsyncFusedServe*>(service->fused_op_service_.get())) {}
 
   // Requests the next call unless the service is stopping.
   void Request() {
-    absl::ReaderMutexLock lock(&service_->async_mu_);
-    if (service_->async_stopping_) return;
+    service_->gate_.IfOpen([this] { RequestLocked(); });
+  }
+
+ private:
+  void RequestLocked() {
     request_.Clear();
     response_.Clear();
     writer_.reset();
@@ -225,29 +223,28 @@ class FusedServeService::AsyncFusedOpSlot {
     ctx_->AsyncNotifyWhenDone(&done_tag_);
     writer_.emplace(&*ctx_);
     answering_ = false;
-    events_left_ = 2;  // once a call came: the answer's completion and the done notice
-    async_->Request(&*ctx_, &request_, &*writer_, cq_, &main_tag_);
+    events_left_.store(2);  // once a call came: the answer's completion and the done notice
+    async_->RequestUnary(AsyncFusedServe::kFusedOp, &*ctx_, &request_, &*writer_, cq_, &main_tag_);
   }
 
   // A queue event: one of a slot's three tags.
   enum class Kind { kMain, kDoneNotice, kResult };
-  struct Tag {
+  struct Tag final : CqTag {
     AsyncFusedOpSlot* slot;
     Kind kind;
-  };
-  static void Proceed(void* tag, bool ok) {
-    Tag* t = static_cast<Tag*>(tag);
-    switch (t->kind) {
-      case Kind::kDoneNotice:
-        return t->slot->Event();
-      case Kind::kResult:
-        return t->slot->Answer(*std::move(t->slot->result_));
-      case Kind::kMain:
-        return t->slot->Proceed(ok);
+    Tag(AsyncFusedOpSlot* s, Kind k) : slot(s), kind(k) {}
+    void Proceed(bool ok) override {
+      switch (kind) {
+        case Kind::kDoneNotice:
+          return slot->Event();
+        case Kind::kResult:
+          return slot->Answer(*std::move(slot->result_));
+        case Kind::kMain:
+          return slot->Proceed(ok);
+      }
     }
-  }
+  };
 
- private:
   void Proceed(bool ok) {
     if (answering_) {  // the answer has been sent (or the call is gone)
       if (ok) service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending_));
@@ -268,12 +265,11 @@ class FusedServeService::AsyncFusedOpSlot {
   // it is sent right away, else handed to that thread.
   void OnResult(absl::StatusOr<TensorMap> result) {
     if (t_polling_cq != cq_ && service_->options_.answer_on_poller) {
-      absl::ReaderMutexLock lock(&service_->async_mu_);
-      if (!service_->async_stopping_) {  // the queue still takes events
+      const bool handed_over = service_->gate_.IfOpen([&] {  // the queue still takes events
         result_.emplace(std::move(result));
         handoff_.Set(cq_, gpr_time_0(GPR_CLOCK_MONOTONIC), &result_tag_);
-        return;
-      }
+      });
+      if (handed_over) return;
     }
     Answer(std::move(result));
   }
@@ -285,7 +281,7 @@ class FusedServeService::AsyncFusedOpSlot {
 
   // One of the call's two closing events; after both, the slot is free.
   void Event() {
-    if (--events_left_ == 0) Request();
+    if (events_left_.fetch_sub(1) == 1) Request();
   }
 
   void Done(const absl::Status& status) {
@@ -300,7 +296,7 @@ class FusedServeService::AsyncFusedOpSlot {
 
   FusedServeService* const service_;
   grpc::ServerCompletionQueue* const cq_;
-  AsyncFusedOpService* const async_;
+  AsyncFusedServe* const async_;
   Tag main_tag_{this, Kind::kMain};        // the call's arrival and its answer's completion
   Tag done_tag_{this, Kind::kDoneNotice};  // the call's done notice
   Tag result_tag_{this, Kind::kResult};    // a worker's result, handed over
@@ -310,24 +306,42 @@ class FusedServeService::AsyncFusedOpSlot {
   grpc::ByteBuffer response_;
   grpc::Alarm handoff_;                              // reused: set again only after its event came
   std::optional<absl::StatusOr<TensorMap>> result_;  // set by a worker, read after the alarm's event
-  // Touched by the slot's queue thread only (and by Done, which runs before
-  // the events it causes): the queue orders them.
+  // Touched by the slot's queue threads only (and by Done, which runs before
+  // the events it causes): the queue orders the arrival, the answer and its
+  // completion; the done notice may come at once with the completion on
+  // another thread sharing the queue (--grpc_cqs), hence the atomic count.
   bool answering_ = false;
-  int events_left_ = 0;
+  std::atomic<int> events_left_{0};
   absl::Time start_;
   absl::Time sending_;
   std::string op_;
 };
 
-void FusedServeService::StartAsync(const std::vector<grpc::ServerCompletionQueue*>& cqs) {
+void FusedServeService::StartAsync(const std::vector<grpc::ServerCompletionQueue*>& cqs, int threads,
+                                   AsyncHealth* health) {
   async_cqs_ = cqs;
-  for (grpc::ServerCompletionQueue* cq : cqs) {
-    for (int i = 0; i < std::max(1, options_.async_calls_per_cq); ++i) {
+  auto* async = static_cast<AsyncFusedServe*>(fused_op_service_.get());
+  MakeAsyncHandlers();
+  const int n_cqs = static_cast<int>(cqs.size());
+  threads = std::max(threads, n_cqs);
+  for (int q = 0; q < n_cqs; ++q) {
+    grpc::ServerCompletionQueue* cq = cqs[q];
+    const int cq_threads = threads / n_cqs + (q < threads % n_cqs ? 1 : 0);
+    for (int i = 0; i < std::max(1, options_.async_calls_per_cq) * cq_threads; ++i) {
       async_slots_.push_back(std::make_unique<AsyncFusedOpSlot>(this, cq));
       async_slots_.back()->Request();
     }
+    for (AsyncFusedServe::Method m : {AsyncFusedServe::kTransformerBlock, AsyncFusedServe::kGetServerInfo,
+                                      AsyncFusedServe::kTokenize, AsyncFusedServe::kDetokenize}) {
+      AsyncUnaryCall::Start(async, m, cq, &gate_, &unary_handlers_[m]);
+    }
+    AsyncGenerateCall::Start(async, cq, &gate_, &generate_handler_);
   }
-  for (grpc::ServerCompletionQueue* cq : cqs) async_threads_.emplace_back([this, cq] { PollAsync(cq); });
+  if (health != nullptr) health->Start(cqs, &gate_);
+  for (int t = 0; t < threads; ++t) {
+    grpc::ServerCompletionQueue* cq = cqs[t % n_cqs];
+    async_threads_.emplace_back([this, cq] { PollAsync(cq); });
+  }
 }
 
 void FusedServeService::PollAsync(grpc::ServerCompletionQueue* cq) {
@@ -335,17 +349,80 @@ void FusedServeService::PollAsync(grpc::ServerCompletionQueue* cq) {
   // the polling threads from the scheduler's workers.
   pthread_setname_np(pthread_self(), "fs-cq");
   t_polling_cq = cq;
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq->Next(&tag, &ok)) AsyncFusedOpSlot::Proceed(tag, ok);
+  PollCompletionQueue(cq);
+}
+
+// The async API's unary handlers (FusedOp aside) and Generate's: each as its
+// callback-API method below does it.
+void FusedServeService::MakeAsyncHandlers() {
+  // Ends a call: counts it and sends the answer (the call may be gone on return).
+  auto finish = [this](AsyncUnaryCall* call, const char* rpc, absl::Time start, const absl::Status& status) {
+    const grpc::Status g = ToGrpcStatus(status);
+    metrics_->RecordRequest(rpc, "", GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
+    CallFinished();
+    call->Finish(g);
+  };
+  unary_handlers_[AsyncFusedServe::kTransformerBlock] = [this, finish](AsyncUnaryCall* call) {
+    const absl::Time start = absl::Now();
+    CallStarted();
+    if (absl::Status s = CheckAccepting(); !s.ok()) return finish(call, "TransformerBlock", start, s);
+    auto messages = std::make_shared<std::pair<v1::TransformerBlockRequest, v1::TransformerBlockResponse>>();
+    if (absl::Status s = ParseRequest(call->request(), "TransformerBlock", &messages->first); !s.ok()) {
+      return finish(call, "TransformerBlock", start, s);
+    }
+    StartTransformerBlock(engine_.load(), &call->context(), &messages->first, &messages->second, options_.limits,
+                          [finish, call, start, messages](const absl::Status& s) {
+                            finish(call, "TransformerBlock", start,
+                                   s.ok() ? SerializeMessage(messages->second, call->response()) : s);
+                          });
+  };
+  unary_handlers_[AsyncFusedServe::kGetServerInfo] = [this, finish](AsyncUnaryCall* call) {
+    const absl::Time start = absl::Now();
+    CallStarted();
+    v1::GetServerInfoRequest request;
+    if (absl::Status s = ParseRequest(call->request(), "GetServerInfo", &request); !s.ok()) {
+      return finish(call, "GetServerInfo", start, s);
+    }
+    v1::GetServerInfoResponse response;
+    {
+      absl::MutexLock lock(&info_mu_);
+      response = info_;
+    }
+    finish(call, "GetServerInfo", start, SerializeMessage(response, call->response()));
+  };
+  unary_handlers_[AsyncFusedServe::kTokenize] = [this, finish](AsyncUnaryCall* call) {
+    const absl::Time start = absl::Now();
+    CallStarted();
+    finish(call, "Tokenize", start, fusedserve::Tokenize(text_.load(), call->request(), call->response()));
+  };
+  unary_handlers_[AsyncFusedServe::kDetokenize] = [this, finish](AsyncUnaryCall* call) {
+    const absl::Time start = absl::Now();
+    CallStarted();
+    v1::DetokenizeRequest request;
+    if (absl::Status s = ParseRequest(call->request(), "Detokenize", &request); !s.ok()) {
+      return finish(call, "Detokenize", start, s);
+    }
+    v1::DetokenizeResponse response;
+    absl::Status s = fusedserve::Detokenize(text_.load(), Vocab(), request, &response);
+    finish(call, "Detokenize", start, s.ok() ? SerializeMessage(response, call->response()) : s);
+  };
+  generate_handler_ = [this](AsyncGenerateCall* call) {
+    CallStarted();
+    StartGenerate(engine_.load(), metrics_, text_.load(), CheckAccepting(),
+                  absl::FromChrono(call->context().deadline()), call->request(), call, [this] { CallFinished(); });
+  };
+}
+
+int64_t FusedServeService::Vocab() const {
+  Engine* engine = engine_.load();
+  const TextSupport* text = text_.load();
+  return engine != nullptr                                 ? engine->config().vocab
+         : text != nullptr && text->tokenizer() != nullptr ? text->tokenizer()->vocab_size()
+                                                           : 0;
 }
 
 void FusedServeService::StopAsync() {
-  {
-    absl::MutexLock lock(&async_mu_);
-    if (async_stopping_) return;
-    async_stopping_ = true;
-  }
+  if (!gate_.Close()) return;
   for (grpc::ServerCompletionQueue* cq : async_cqs_) cq->Shutdown();
   for (std::thread& t : async_threads_) t.join();
   async_threads_.clear();
@@ -517,8 +594,11 @@ grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServ
 grpc::ServerWriteReactor<grpc::ByteBuffer>* FusedServeService::Generate(grpc::CallbackServerContext* ctx,
                                                                         const grpc::ByteBuffer* raw_request) {
   CallStarted();
-  return StartGenerate(engine_.load(), metrics_, text_.load(), CheckAccepting(), ctx, raw_request,
-                       [this] { CallFinished(); });
+  GenerateStream* stream = nullptr;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* reactor = NewCallbackGenerateStream(&stream);
+  StartGenerate(engine_.load(), metrics_, text_.load(), CheckAccepting(), absl::FromChrono(ctx->deadline()),
+                *raw_request, stream, [this] { CallFinished(); });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerContext* ctx,
@@ -552,12 +632,7 @@ grpc::ServerUnaryReactor* FusedServeService::Detokenize(grpc::CallbackServerCont
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const absl::Time start = absl::Now();
   CallStarted();
-  Engine* engine = engine_.load();
-  const TextSupport* text = text_.load();
-  const int64_t vocab = engine != nullptr                                 ? engine->config().vocab
-                        : text != nullptr && text->tokenizer() != nullptr ? text->tokenizer()->vocab_size()
-                                                                          : 0;
-  Finish(reactor, "Detokenize", "", start, fusedserve::Detokenize(text, vocab, *request, response));
+  Finish(reactor, "Detokenize", "", start, fusedserve::Detokenize(text_.load(), Vocab(), *request, response));
   return reactor;
 }
 

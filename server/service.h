@@ -4,10 +4,11 @@
 // back) and otherwise queues them for a launch, merged with others under
 // load; whichever thread ran it encodes and sends the response. The server
 // serves FusedOp on completion queues with dedicated polling threads
-// (--fused_op_api=async, the default: fused_op_service() and StartAsync), on
-// gRPC's callback API (this class's FusedOp) or on its sync API; the other
-// RPCs use the callback API. bench/run_grpc_floor.sh measures the three. Errors are
-// absl::Status inside, mapped 1:1 to gRPC codes here.
+// (--fused_op_api=async, the default: fused_op_service() and StartAsync, with
+// every other RPC on the same queues: server/async_calls.h), on gRPC's
+// callback API (this class's FusedOp) or on its sync API; with those two the
+// other RPCs use the callback API. bench/run_grpc_floor.sh measures the
+// three. Errors are absl::Status inside, mapped 1:1 to gRPC codes here.
 #pragma once
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
+#include "server/async_calls.h"
 #include "server/grpc_status.h"
 #include "server/scheduler.h"
 #include "server/validation.h"
@@ -33,7 +35,7 @@ struct ServiceOptions {
   // FusedOp to fused_op_service(), which the server registers beside it.
   enum class FusedOpApi { kCallback, kSync, kAsync };
   FusedOpApi fused_op_api = FusedOpApi::kCallback;  // the server's flag defaults to kAsync
-  int async_calls_per_cq = 64;                      // kAsync: FusedOp calls kept requested per queue
+  int async_calls_per_cq = 64;                      // kAsync: FusedOp calls kept requested per queue and thread
   // kAsync: a result from a scheduler worker is answered on the call's own
   // polling thread (handed over through the queue) rather than on the worker.
   bool answer_on_poller = true;
@@ -79,15 +81,18 @@ class FusedServeService final
   // A body that is not a FusedOpRequest: INVALID_ARGUMENT saying so.
   grpc::ServerUnaryReactor* FusedOp(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request,
                                     grpc::ByteBuffer* raw_response) override;
-  // With fused_op_api kSync or kAsync: FusedOp's own service, to register
-  // beside this one (the server then needs a generic service too, as this one
-  // marks FusedOp generic). nullptr otherwise.
+  // With fused_op_api kSync: FusedOp's own service, to register beside this
+  // one (the server then needs a generic service too, as this one marks
+  // FusedOp generic). With kAsync: the async service of every method, to
+  // register instead of this one. nullptr otherwise.
   grpc::Service* fused_op_service() { return fused_op_service_.get(); }
-  // kAsync, once the server has started: one polling thread per queue (the
-  // queues the server builder made), each keeping async_calls_per_cq calls
-  // requested. StopAsync, after the server's Shutdown: shuts the queues down
-  // and joins the threads.
-  void StartAsync(const std::vector<grpc::ServerCompletionQueue*>& cqs);
+  // kAsync, once the server has started: `threads` polling threads over the
+  // queues the server builder made (round robin, at least one per queue),
+  // each queue keeping async_calls_per_cq FusedOp calls per thread requested
+  // and one call of every other method, and serving `health` (registered
+  // with the server; may be null) on them. StopAsync, after the server's
+  // Shutdown: shuts the queues down and joins the threads.
+  void StartAsync(const std::vector<grpc::ServerCompletionQueue*>& cqs, int threads, AsyncHealth* health);
   void StopAsync();
   // The sync-API FusedOp, on the thread that received it: returns once the
   // response is in `raw_response` or the call failed.
@@ -121,6 +126,9 @@ class FusedServeService final
   class FusedOpCall;
   class AsyncFusedOpSlot;  // the async API's call slots
   void PollAsync(grpc::ServerCompletionQueue* cq);
+  void MakeAsyncHandlers();
+  // The vocabulary Detokenize accepts: the model's, else the tokenizer's.
+  int64_t Vocab() const;
   FusedOpCall* NewFusedOpCall();
   void RecycleFusedOpCall(FusedOpCall* call);
 
@@ -129,14 +137,15 @@ class FusedServeService final
   Metrics* const metrics_;
   const ServiceOptions options_;
   std::unique_ptr<grpc::Service> fused_op_service_;
-  // kAsync: the queues, their threads and call slots; slots re-request
-  // their call only while !async_stopping_ (under async_mu_, so that no
-  // request reaches a queue that is shutting down).
+  // kAsync: the queues, their threads, FusedOp's call slots and the other
+  // methods' handlers; calls re-request their method only while the gate is
+  // open (StopAsync closes it before it shuts the queues down).
   std::vector<grpc::ServerCompletionQueue*> async_cqs_;
   std::vector<std::thread> async_threads_;
   std::vector<std::unique_ptr<AsyncFusedOpSlot>> async_slots_;
-  absl::Mutex async_mu_;
-  bool async_stopping_ ABSL_GUARDED_BY(async_mu_) = false;
+  AsyncUnaryCall::Handler unary_handlers_[AsyncFusedServe::kDetokenize + 1];
+  AsyncGenerateCall::Handler generate_handler_;
+  CqGate gate_;
   absl::Mutex pool_mu_;
   std::vector<void*> pool_ ABSL_GUARDED_BY(pool_mu_);  // FusedOpCall-sized blocks
   // An RPC this service started and has not finished.

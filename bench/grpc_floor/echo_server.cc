@@ -7,8 +7,10 @@
 //   callback  CallbackService: the reactor finishes inline in the callback;
 //   async     AsyncService on --threads completion queues, one dedicated
 //             polling thread per queue (Triton's gRPC front end), each queue
-//             keeping --calls_per_cq FusedOp calls requested; --spin polls
-//             the queue with a zero timeout instead of sleeping in it.
+//             keeping --calls_per_cq FusedOp calls requested per thread;
+//             --cqs=N shares N queues among the threads instead (round
+//             robin); --spin polls the queue with a zero timeout instead of
+//             sleeping in it.
 // Channel/server arguments under test: --max_concurrent_streams,
 // --minimal_stack, --quota_threads (a ResourceQuota's thread cap) and
 // --bdp_probe. GetServerInfo answers device "echo-<model>".
@@ -34,7 +36,8 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:50300", "HOST:PORT");
 ABSL_FLAG(std::string, model, "async", "sync, callback or async");
 ABSL_FLAG(int, threads, 0, "async: completion queues (one polling thread each); sync: max pollers; 0 = cores");
-ABSL_FLAG(int, calls_per_cq, 64, "async: FusedOp calls kept requested on each completion queue");
+ABSL_FLAG(int, calls_per_cq, 64, "async: FusedOp calls kept requested on each completion queue, per polling thread");
+ABSL_FLAG(int, cqs, 0, "async: completion queues shared by the --threads polling threads (0: one per thread)");
 ABSL_FLAG(bool, spin, false, "async: poll the queues with a zero timeout (busy) instead of blocking");
 ABSL_FLAG(int, max_concurrent_streams, 0, "GRPC_ARG_MAX_CONCURRENT_STREAMS (0: gRPC's default)");
 ABSL_FLAG(bool, minimal_stack, false, "GRPC_ARG_MINIMAL_STACK (no deadline/census filters)");
@@ -193,7 +196,9 @@ int Main() {
     builder.RegisterService(&callback_service);
   } else if (model == "async") {
     builder.RegisterService(&async_service);
-    for (int i = 0; i < threads; ++i) cqs.push_back(builder.AddCompletionQueue());
+    int n = absl::GetFlag(FLAGS_cqs);
+    n = n <= 0 ? threads : std::min(n, threads);
+    for (int i = 0; i < n; ++i) cqs.push_back(builder.AddCompletionQueue());
   } else {
     std::fprintf(stderr, "--model must be sync, callback or async\n");
     return 2;
@@ -206,12 +211,16 @@ int Main() {
   std::fprintf(stderr, "echo server (%s, %d threads) on port %d\n", model.c_str(), threads, port);
   std::vector<std::unique_ptr<AsyncCall>> slots;
   std::vector<std::thread> pollers;
-  for (auto& cq : cqs) {
-    for (int i = 0; i < absl::GetFlag(FLAGS_calls_per_cq); ++i) {
-      slots.push_back(std::make_unique<FusedOpSlot>(&async_service, cq.get()));
+  for (size_t q = 0; q < cqs.size(); ++q) {
+    const int cq_threads =
+        threads / static_cast<int>(cqs.size()) + (static_cast<int>(q) < threads % static_cast<int>(cqs.size()) ? 1 : 0);
+    for (int i = 0; i < absl::GetFlag(FLAGS_calls_per_cq) * cq_threads; ++i) {
+      slots.push_back(std::make_unique<FusedOpSlot>(&async_service, cqs[q].get()));
     }
-    slots.push_back(std::make_unique<InfoSlot>(&async_service, cq.get()));
-    pollers.emplace_back(Poll, cq.get(), absl::GetFlag(FLAGS_spin));
+    slots.push_back(std::make_unique<InfoSlot>(&async_service, cqs[q].get()));
+  }
+  for (int t = 0; t < (cqs.empty() ? 0 : threads); ++t) {
+    pollers.emplace_back(Poll, cqs[t % cqs.size()].get(), absl::GetFlag(FLAGS_spin));
   }
   // Runs until killed (a benchmark fixture; no drain).
   server->Wait();

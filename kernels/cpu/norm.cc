@@ -10,9 +10,19 @@ namespace fusedserve::cpu {
 namespace {
 
 // 1 / sqrt(mean(row^2) + eps).   row [H]
+// Four partial sums (every fourth element each), added pairwise at the end:
+// one chain of dependent double adds ran at one element per add latency (a
+// 4096-wide row took ~5 us, most of a small rms_norm request on the CPU
+// backend); four run in parallel. Same precision class (double sums of
+// exact squares), the order differs only.
 double RmsScale(const float* row, int64_t H, float eps) {
-  double sum_sq = 0.0;
-  for (int64_t h = 0; h < H; ++h) sum_sq += static_cast<double>(row[h]) * row[h];
+  double sum[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t h = 0;
+  for (; h + 4 <= H; h += 4) {
+    for (int k = 0; k < 4; ++k) sum[k] += static_cast<double>(row[h + k]) * row[h + k];
+  }
+  for (; h < H; ++h) sum[h % 4] += static_cast<double>(row[h]) * row[h];
+  const double sum_sq = (sum[0] + sum[1]) + (sum[2] + sum[3]);
   return 1.0 / std::sqrt(sum_sq / static_cast<double>(H) + eps);
 }
 

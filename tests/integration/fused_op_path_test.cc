@@ -141,6 +141,11 @@ void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
 TEST(FusedOpPath, ConcurrentCallsStillBatch) { ConcurrentCallsStillBatch({}); }
 TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheSyncApi) { ConcurrentCallsStillBatch({"--fused_op_api=sync"}); }
 TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheCallbackApi) { ConcurrentCallsStillBatch({"--fused_op_api=callback"}); }
+// Four polling threads sharing one completion queue (--grpc_cqs): a call's
+// events may then come on different threads.
+TEST(FusedOpPath, ConcurrentCallsStillBatchOnASharedQueue) {
+  ConcurrentCallsStillBatch({"--grpc_cqs=1", "--grpc_pollers=4"});
+}
 
 // The async API's queues (the default) stop cleanly on SIGTERM (drain, then exit 0).
 TEST(FusedOpPath, AsyncApiDrainsOnSigterm) {

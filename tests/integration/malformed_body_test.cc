@@ -83,18 +83,38 @@ TEST_F(MalformedBodyTest, TextMethodsSayTheBodyIsNotTheirRequest) {
   EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
-// The other methods keep gRPC 1.51's typed callback handlers: a body that
-// does not parse gets UNIMPLEMENTED with an empty message from gRPC itself
-// (the service never sees the call). Pinned so that a change shows up here.
-TEST_F(MalformedBodyTest, OtherMethodsAnswerUnimplementedWithoutMessage) {
-  for (const char* method : {"/fusedserve.v1.FusedServe/TransformerBlock", "/fusedserve.v1.FusedServe/GetServerInfo",
-                             "/fusedserve.v1.FusedServe/Detokenize"}) {
+// The other methods parse their bodies themselves on the async API (the
+// default: every method on completion queues): a body that is not their
+// request says so, like the text methods.
+TEST_F(MalformedBodyTest, OtherMethodsSayTheBodyIsNotTheirRequest) {
+  for (const auto& [method, type] :
+       {std::pair<const char*, const char*>{"/fusedserve.v1.FusedServe/TransformerBlock", "TransformerBlockRequest"},
+        std::pair<const char*, const char*>{"/fusedserve.v1.FusedServe/GetServerInfo", "GetServerInfoRequest"},
+        std::pair<const char*, const char*>{"/fusedserve.v1.FusedServe/Detokenize", "DetokenizeRequest"}}) {
     grpc::Status s = RawCall(server_->channel(), method, kGarbage);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method << ": " << s.error_message();
-    EXPECT_EQ(s.error_message(), "") << method;
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(std::string("not a valid fusedserve.v1.") + type), std::string::npos)
+        << s.error_message();
   }
   EXPECT_TRUE(CallRmsNorm(*server_).ok());
   EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+// With FusedOp on the callback API the other methods keep gRPC 1.51's typed
+// callback handlers: a body that does not parse gets UNIMPLEMENTED with an
+// empty message from gRPC itself (the service never sees the call). Pinned
+// so that a change shows up here.
+TEST(MalformedBodyCallbackApi, OtherMethodsAnswerUnimplementedWithoutMessage) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--fused_op_api=callback"});
+  ASSERT_NE(server, nullptr);
+  for (const char* method : {"/fusedserve.v1.FusedServe/TransformerBlock", "/fusedserve.v1.FusedServe/GetServerInfo",
+                             "/fusedserve.v1.FusedServe/Detokenize"}) {
+    grpc::Status s = RawCall(server->channel(), method, kGarbage);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method << ": " << s.error_message();
+    EXPECT_EQ(s.error_message(), "") << method;
+  }
+  EXPECT_TRUE(CallRmsNorm(*server).ok());
+  EXPECT_EQ(server->Health(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
 }  // namespace

@@ -41,6 +41,56 @@ ServerProcess* ServerTest::server_ = nullptr;
 
 TEST_F(ServerTest, HealthIsServing) { EXPECT_EQ(server_->Health(), grpc::health::v1::HealthCheckResponse::SERVING); }
 
+// Health on the async API (the default) answers as gRPC's default health
+// service does (which serves it with FusedOp on the callback API).
+TEST(ServerHealth, AnswersAsGrpcsDefaultService) {
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{}, std::vector<std::string>{"--fused_op_api=callback"}}) {
+    SCOPED_TRACE(flags.empty() ? "default" : flags[0]);
+    std::unique_ptr<ServerProcess> server = ServerProcess::Start(flags);
+    ASSERT_NE(server, nullptr);
+    auto stub = grpc::health::v1::Health::NewStub(server->channel());
+    auto check = [&](const std::string& service, grpc::health::v1::HealthCheckResponse* resp) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      grpc::health::v1::HealthCheckRequest req;
+      req.set_service(service);
+      return stub->Check(&ctx, req, resp);
+    };
+    grpc::health::v1::HealthCheckResponse resp;
+    ASSERT_TRUE(check("", &resp).ok());
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+    EXPECT_EQ(check("no.such.Service", &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+    for (const auto& [service, want] :
+         {std::pair<std::string, grpc::health::v1::HealthCheckResponse::ServingStatus>{
+              "", grpc::health::v1::HealthCheckResponse::SERVING},
+          std::pair<std::string, grpc::health::v1::HealthCheckResponse::ServingStatus>{
+              "no.such.Service", grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN}}) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      grpc::health::v1::HealthCheckRequest req;
+      req.set_service(service);
+      auto watch = stub->Watch(&ctx, req);
+      grpc::health::v1::HealthCheckResponse first;
+      ASSERT_TRUE(watch->Read(&first)) << service;
+      EXPECT_EQ(first.status(), want) << service;
+      ctx.TryCancel();
+      watch->Finish();
+    }
+    // A watch sees the server's drain: NOT_SERVING once SIGTERM arrives.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto watch = stub->Watch(&ctx, grpc::health::v1::HealthCheckRequest());
+    ASSERT_TRUE(watch->Read(&resp));
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+    server->Signal(SIGTERM);
+    ASSERT_TRUE(watch->Read(&resp));
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    ctx.TryCancel();
+    watch->Finish();
+  }
+}
+
 TEST_F(ServerTest, ReflectionListsServices) {
   auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(server_->channel());
   grpc::ClientContext ctx;

@@ -92,10 +92,10 @@ constexpr int64_t kChunkFlashMinRows = 16;
 // models matched the CPU runner in every run.
 constexpr size_t kSymmetricMaxBytes = 32 << 10;
 
-// An experiment switch read at start-up: the variable is set to "0".
-bool EnvIsZero(const char* name) {
+// An experiment switch read at start-up: whether the variable is set to `value`.
+bool EnvEquals(const char* name, const char* value) {
   const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "0";
+  return v != nullptr && std::string(v) == value;
 }
 
 // A runtime call's error as a status (the one conversion, CudaToAbsl).
@@ -183,12 +183,12 @@ class CudaModelRunner final : public ModelRunner {
     flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
     chunk_flash_ = flash_ok_ && cuda::HopperAttentionAvailable() &&
                    cuda::HopperAttentionSupports(dt_, static_cast<int>(c_.head_dim)) &&
-                   !EnvIsZero("FUSEDSERVE_CHUNK_FLASH");  // "0": later chunks on paged attention
+                   !EnvEquals("FUSEDSERVE_CHUNK_FLASH", "0");  // "0": later chunks on paged attention
 
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
     const std::string head_name = c_.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    vocab_parallel_ = group_ != nullptr && shard_.size > 1 && !EnvIsZero("FUSEDSERVE_TP_VOCAB_PARALLEL");
+    vocab_parallel_ = group_ != nullptr && shard_.size > 1 && !EnvEquals("FUSEDSERVE_TP_VOCAB_PARALLEL", "0");
     if (vocab_parallel_) {
       // This rank's vocabulary rows of the LM head (tied: of the embedding).
       if (absl::Status status =
@@ -199,8 +199,7 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Upload(w, {head_name}, &lm_head_own_); !status.ok()) return status;
     }
     lm_head_ = c_.tied_embeddings && !vocab_parallel_ ? embed_.get() : lm_head_own_.get();
-    const char* symmetric_env = std::getenv("FUSEDSERVE_TP_SYMMETRIC");
-    if (group_ != nullptr && symmetric_env != nullptr && std::string(symmetric_env) == "1") {
+    if (group_ != nullptr && EnvEquals("FUSEDSERVE_TP_SYMMETRIC", "1")) {
       // Every rank registers at once (the loaders run one thread a rank).
       if (CudaStatus s = group_->AllocateSymmetric(shard_.rank, kSymmetricMaxBytes, &symmetric_); s.ok()) {
         symmetric_bytes_ = kSymmetricMaxBytes;

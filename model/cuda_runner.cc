@@ -190,6 +190,12 @@ class CudaModelRunner final : public ModelRunner {
     const std::string head_name = c_.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     vocab_parallel_ = group_ != nullptr && shard_.size > 1 && !EnvEquals("FUSEDSERVE_TP_VOCAB_PARALLEL", "0");
     if (vocab_parallel_) {
+      // Every rank's vocabulary rows (where its logits land in the gather).
+      for (int r = 0; r < shard_.size; ++r) {
+        absl::StatusOr<TensorShard> part = ShardOf(full_, r, shard_.size);
+        if (!part.ok()) return part.status();
+        vocab_parts_.push_back(*part);
+      }
       // This rank's vocabulary rows of the LM head (tied: of the embedding).
       if (absl::Status status =
               Upload(w, {WeightBlock{head_name, shard_.vocab_begin, shard_.vocab, 0, c_.hidden}}, &lm_head_own_);
@@ -633,7 +639,7 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = CudaToAbsl(logits_.Allocate(Sq * c_.vocab * es_), "logits"); !status.ok())
         return status;
       if (vocab_parallel_) {
-        const int64_t per = VocabPerRank();
+        const int64_t per = vocab_parts_[0].vocab;  // the most rows a rank has
         if (absl::Status status = CudaToAbsl(head_part_.Allocate(Sq * per * es_), "logits part"); !status.ok())
           return status;
         if (absl::Status status = CudaToAbsl(head_parts_.Allocate(shard_.size * Sq * per * es_), "logits parts");
@@ -801,7 +807,7 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Linear(ModelKernel::kLmHead, rows, lm_head_, B, D, V, logits_.get()); !status.ok())
         return status;
     } else {
-      const int64_t per = VocabPerRank();
+      const int64_t per = vocab_parts_[0].vocab;  // each rank's stride in the gather
       if (absl::Status status = Linear(ModelKernel::kLmHead, rows, lm_head_, B, D, shard_.vocab, head_part_.get());
           !status.ok())
         return status;
@@ -812,7 +818,7 @@ class CudaModelRunner final : public ModelRunner {
         return status;
       if (shard_.rank != 0) return absl::OkStatus();
       for (int r = 0; r < shard_.size; ++r) {
-        const int64_t begin = std::min(V, r * per), n = std::min(V, begin + per) - begin;  // as ShardOf
+        const int64_t begin = vocab_parts_[r].vocab_begin, n = vocab_parts_[r].vocab;
         if (absl::Status status = Cuda(cudaMemcpy2DAsync(logits_.as<uint8_t>() + begin * es_, V * es_,
                                                          head_parts_.as<uint8_t>() + r * B * per * es_, n * es_,
                                                          n * es_, B, cudaMemcpyDeviceToDevice, stream_),
@@ -825,9 +831,6 @@ class CudaModelRunner final : public ModelRunner {
         cuda::LaunchArgmaxRows(dt_, logits_.get(), B, V, greedy_.as<int32_t>(), argmax_ws_.get(), stream_),
         "greedy argmax");
   }
-
-  // Vocabulary rows of every rank but the last (ShardOf's split).
-  int64_t VocabPerRank() const { return (c_.vocab + shard_.size - 1) / shard_.size; }
 
   // Where a row-parallel projection writes its partial sums for T rows: the
   // symmetric window when they fit (kSymmetricMaxBytes), else tmp_.
@@ -1283,8 +1286,9 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer embed_, final_norm_, lm_head_own_;  // lm_head_own_: a rank's rows when vocab_parallel_
   const void* lm_head_ = nullptr;
   bool vocab_parallel_ = false;
-  DeviceBuffer head_part_, head_parts_;  // vocab_parallel_: [B][its rows] logits, and every rank's
-  void* symmetric_ = nullptr;            // NCCL symmetric window (the group owns it)
+  std::vector<TensorShard> vocab_parts_;  // vocab_parallel_: every rank's shard (its vocabulary rows)
+  DeviceBuffer head_part_, head_parts_;   // vocab_parallel_: [B][its rows] logits, and every rank's
+  void* symmetric_ = nullptr;             // NCCL symmetric window (the group owns it)
   size_t symmetric_bytes_ = 0;
   std::vector<Layer> layers_;
   DeviceBuffer cos_sin_;

@@ -47,9 +47,11 @@ const NcclApi& LoadApi() {
       a->load_error = std::string("cannot load NCCL (libnccl.so.2): ") + (e != nullptr ? e : "unknown error");
       return a;
     }
-    auto resolve = [&](auto* fn, const char* name) {
+    // An optional function missing leaves its pointer null; a required one fails the load.
+    auto resolve = [&](auto* fn, const char* name, bool required = true) {
       *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
-      if (*fn == nullptr && a->load_error.empty()) a->load_error = std::string("libnccl.so.2 lacks ") + name;
+      if (required && *fn == nullptr && a->load_error.empty())
+        a->load_error = std::string("libnccl.so.2 lacks ") + name;
     };
     resolve(&a->get_version, "ncclGetVersion");
     resolve(&a->comm_init_all, "ncclCommInitAll");
@@ -61,13 +63,10 @@ const NcclApi& LoadApi() {
     resolve(&a->error_string, "ncclGetErrorString");
     resolve(&a->all_gather, "ncclAllGather");
 #ifdef NCCL_WIN_COLL_SYMMETRIC
-    auto optional = [&](auto* fn, const char* name) {
-      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
-    };
-    optional(&a->mem_alloc, "ncclMemAlloc");
-    optional(&a->mem_free, "ncclMemFree");
-    optional(&a->window_register, "ncclCommWindowRegister");
-    optional(&a->window_deregister, "ncclCommWindowDeregister");
+    resolve(&a->mem_alloc, "ncclMemAlloc", false);
+    resolve(&a->mem_free, "ncclMemFree", false);
+    resolve(&a->window_register, "ncclCommWindowRegister", false);
+    resolve(&a->window_deregister, "ncclCommWindowDeregister", false);
 #endif
     return a;
   }();

@@ -32,8 +32,10 @@ int GpuCount() {
 struct Ranks {
   std::vector<void*> data;
   std::vector<cudaStream_t> streams;
+  bool owns_data = true;  // false: the group's symmetric windows
   ~Ranks() {
-    for (void* p : data) cudaFree(p);
+    if (owns_data)
+      for (void* p : data) cudaFree(p);
     for (cudaStream_t s : streams) cudaStreamDestroy(s);
   }
 };
@@ -86,6 +88,45 @@ void ExpectSums(const cuda::NcclGroup& g, Ranks& r, DType t, const std::vector<d
   }
 }
 
+// Eager, from one thread (the ranks' calls between GroupStart/GroupEnd),
+// then captured in one graph per rank (as the decode graphs do) and replayed
+// twice on fresh inputs: every rank holds the sum each time.
+void ExpectAllReduces(const cuda::NcclGroup& g, Ranks& r, DType t, size_t count, std::mt19937& rng,
+                      const std::string& where) {
+  std::vector<double> sum = FillRanks(g, r, t, count, rng);
+  ASSERT_TRUE(g.GroupStart().ok());
+  for (int k = 0; k < g.size(); ++k) ASSERT_TRUE(g.AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
+  ASSERT_TRUE(g.GroupEnd().ok());
+  for (int k = 0; k < g.size(); ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
+  ExpectSums(g, r, t, sum, (where + "eager").c_str());
+
+  std::vector<cudaGraphExec_t> execs(g.size(), nullptr);
+  ASSERT_TRUE(g.GroupStart().ok());
+  for (int k = 0; k < g.size(); ++k) {
+    ASSERT_EQ(cudaSetDevice(g.device(k)), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(r.streams[k], cudaStreamCaptureModeRelaxed), cudaSuccess);
+    ASSERT_TRUE(g.AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
+  }
+  ASSERT_TRUE(g.GroupEnd().ok());
+  for (int k = 0; k < g.size(); ++k) {
+    ASSERT_EQ(cudaSetDevice(g.device(k)), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(r.streams[k], &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&execs[k], graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);
+  }
+  for (int replay = 0; replay < 2; ++replay) {
+    sum = FillRanks(g, r, t, count, rng);
+    for (int k = 0; k < g.size(); ++k) {
+      ASSERT_EQ(cudaSetDevice(g.device(k)), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(execs[k], r.streams[k]), cudaSuccess);
+    }
+    for (int k = 0; k < g.size(); ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
+    ExpectSums(g, r, t, sum, (where + "graph replay").c_str());
+  }
+  for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+}
+
 void RunGroup(const std::vector<int>& devices) {
   std::unique_ptr<cuda::NcclGroup> g;
   std::string why;
@@ -107,40 +148,7 @@ void RunGroup(const std::vector<int>& devices) {
         ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
         r.streams.push_back(s);
       }
-      // Eager, from one thread: the ranks' calls between GroupStart/GroupEnd.
-      std::vector<double> sum = FillRanks(*g, r, t, count, rng);
-      ASSERT_TRUE(g->GroupStart().ok());
-      for (int k = 0; k < g->size(); ++k) ASSERT_TRUE(g->AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
-      ASSERT_TRUE(g->GroupEnd().ok());
-      for (int k = 0; k < g->size(); ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
-      ExpectSums(*g, r, t, sum, "eager");
-
-      // Captured in one graph per rank (as the decode graphs do), replayed twice on fresh inputs.
-      std::vector<cudaGraphExec_t> execs(g->size(), nullptr);
-      ASSERT_TRUE(g->GroupStart().ok());
-      for (int k = 0; k < g->size(); ++k) {
-        ASSERT_EQ(cudaSetDevice(g->device(k)), cudaSuccess);
-        ASSERT_EQ(cudaStreamBeginCapture(r.streams[k], cudaStreamCaptureModeRelaxed), cudaSuccess);
-        ASSERT_TRUE(g->AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
-      }
-      ASSERT_TRUE(g->GroupEnd().ok());
-      for (int k = 0; k < g->size(); ++k) {
-        ASSERT_EQ(cudaSetDevice(g->device(k)), cudaSuccess);
-        cudaGraph_t graph = nullptr;
-        ASSERT_EQ(cudaStreamEndCapture(r.streams[k], &graph), cudaSuccess);
-        ASSERT_EQ(cudaGraphInstantiate(&execs[k], graph, 0), cudaSuccess);
-        cudaGraphDestroy(graph);
-      }
-      for (int replay = 0; replay < 2; ++replay) {
-        sum = FillRanks(*g, r, t, count, rng);
-        for (int k = 0; k < g->size(); ++k) {
-          ASSERT_EQ(cudaSetDevice(g->device(k)), cudaSuccess);
-          ASSERT_EQ(cudaGraphLaunch(execs[k], r.streams[k]), cudaSuccess);
-        }
-        for (int k = 0; k < g->size(); ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
-        ExpectSums(*g, r, t, sum, "graph replay");
-      }
-      for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+      ASSERT_NO_FATAL_FAILURE(ExpectAllReduces(*g, r, t, count, rng, ""));
     }
   }
 }
@@ -193,37 +201,9 @@ TEST(NcclGroupTest, SymmetricWindowsAndAllGatherOverEveryGpu) {
         ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
         r.streams.push_back(s);
       }
-      r.data = windows;  // owned by the group, not freed by Ranks
-      std::vector<double> sum = FillRanks(*g, r, t, count, rng);
-      ASSERT_TRUE(g->GroupStart().ok());
-      for (int k = 0; k < n; ++k) ASSERT_TRUE(g->AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
-      ASSERT_TRUE(g->GroupEnd().ok());
-      for (int k = 0; k < n; ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
-      ExpectSums(*g, r, t, sum, "symmetric eager");
-
-      std::vector<cudaGraphExec_t> execs(n, nullptr);
-      ASSERT_TRUE(g->GroupStart().ok());
-      for (int k = 0; k < n; ++k) {
-        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
-        ASSERT_EQ(cudaStreamBeginCapture(r.streams[k], cudaStreamCaptureModeRelaxed), cudaSuccess);
-        ASSERT_TRUE(g->AllReduceSum(k, r.data[k], count, t, r.streams[k]).ok());
-      }
-      ASSERT_TRUE(g->GroupEnd().ok());
-      for (int k = 0; k < n; ++k) {
-        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
-        cudaGraph_t graph = nullptr;
-        ASSERT_EQ(cudaStreamEndCapture(r.streams[k], &graph), cudaSuccess);
-        ASSERT_EQ(cudaGraphInstantiate(&execs[k], graph, 0), cudaSuccess);
-        cudaGraphDestroy(graph);
-      }
-      sum = FillRanks(*g, r, t, count, rng);
-      for (int k = 0; k < n; ++k) {
-        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
-        ASSERT_EQ(cudaGraphLaunch(execs[k], r.streams[k]), cudaSuccess);
-      }
-      for (int k = 0; k < n; ++k) ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
-      ExpectSums(*g, r, t, sum, "symmetric graph replay");
-      for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+      r.data = windows;
+      r.owns_data = false;
+      ASSERT_NO_FATAL_FAILURE(ExpectAllReduces(*g, r, t, count, rng, "symmetric "));
 
       // All-gather: send from each window, receive into plain buffers.
       const size_t es = DTypeSize(t);
@@ -250,7 +230,6 @@ TEST(NcclGroupTest, SymmetricWindowsAndAllGatherOverEveryGpu) {
         }
         cudaFree(recv[k]);
       }
-      r.data.clear();
     }
   }
 }

@@ -21,8 +21,9 @@
 //   5. tensor parallelism (FS_BENCH=tp only): the whole llama-3-8b preset
 //      on N = 1, 2, 4 GPUs (as many as there are; FS_TP_LIST=1,2 to choose),
 //      N = 1 on the plain runner: decode step at B = 1 and 16, ctx 2048, and
-//      prefill B=2 S=2048; each N's time over N = 1's, and prefill scaling
-//      efficiency t1 / (N tN).
+//      prefill B=2 S=2048; each N's time over the first row's (N = 1
+//      unless FS_TP_LIST starts higher), and prefill scaling efficiency
+//      t1 / (N tN) against it.
 // FS_BENCH=decode|prefill|chunk|engine|8b|gemm|tp: that section only.
 // FS_TUNE=1: runners on tuned configs (the model's envelope tuned first).
 // FS_TP=N: runners split over N GPUs (tensor parallelism over NCCL; N=1
@@ -38,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -347,8 +349,8 @@ void Layer8bTable(double bw) {
 // The whole llama-3-8b preset split over N GPUs. Decode: 2 all-reduces of
 // B x 4096 bf16 per layer (8 KB at B = 1), latency-bound; weights and K/V
 // read per GPU fall as 1/N (the embedding is replicated, the LM head split
-// by vocabulary rows, or replicated and run on rank 0 in the "plain" rows). Floor per N: (weights / N + head (/ N) +
-// K/V / N) at the copy bandwidth.
+// by vocabulary rows, or replicated and run on rank 0 in the "plain" rows).
+// Floor per N: (weights / N + head (/ N) + K/V / N) at the copy bandwidth.
 void TensorParallelTable(double bw) {
   const ModelConfig c = *PresetConfig("llama-3-8b");
   int gpus = 0;
@@ -372,10 +374,27 @@ void TensorParallelTable(double bw) {
   std::printf("%-9s %8s %9s %8s %14s %9s %13s %8s %6s\n", "N", "decode B=1", "floor", "vs N=1", "decode B=16", "vs N=1",
               "prefill 2x2048", "vs N=1", "eff");
   double base[3] = {0, 0, 0};
+  int base_n = 0;  // the first row's N: the ratios and the efficiency are against it
   // N > 1 twice: "plain" without the vocabulary-parallel head and the rope
   // fusion on ranks (their switches at 0), then as built (the environment's
   // FUSEDSERVE_TP_SYMMETRIC=1 applies to both; FS_TP_PLAIN=0: no plain rows).
   const char* plain_env[] = {"FUSEDSERVE_TP_VOCAB_PARALLEL", "FUSEDSERVE_DECODE_FUSION"};
+  std::vector<std::optional<std::string>> caller_env;  // restored for the rows as built, and at the end
+  for (const char* e : plain_env) {
+    const char* v = std::getenv(e);
+    caller_env.push_back(v == nullptr ? std::nullopt : std::optional<std::string>(v));
+  }
+  auto set_env = [&](bool plain) {
+    for (size_t i = 0; i < caller_env.size(); ++i) {
+      if (plain) {
+        setenv(plain_env[i], "0", 1);
+      } else if (caller_env[i]) {
+        setenv(plain_env[i], caller_env[i]->c_str(), 1);
+      } else {
+        unsetenv(plain_env[i]);
+      }
+    }
+  };
   const char* plain_rows = std::getenv("FS_TP_PLAIN");
   const bool with_plain = plain_rows == nullptr || std::string(plain_rows) != "0";
   for (int n : sizes) {
@@ -385,23 +404,26 @@ void TensorParallelTable(double bw) {
     }
     for (bool plain : {true, false}) {
       if (plain && (n == 1 || !with_plain)) continue;
-      for (const char* e : plain_env) plain ? setenv(e, "0", 1) : unsetenv(e);
+      set_env(plain);
       auto t0 = Clock::now();
       std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, 16 * per_seq + 16, bs, n);
       const double setup_s = std::chrono::duration<double>(Clock::now() - t0).count();
       Batch d1(1, 2047, 1, per_seq, c.vocab), d16(16, 2047, 1, per_seq, c.vocab), pre(2, 0, 2048, per_seq, c.vocab);
       const double t[3] = {MedianForwardMs(*r, d1.seqs), MedianForwardMs(*r, d16.seqs),
                            MedianForwardMs(*r, pre.seqs, 10)};
-      if (base[0] == 0) std::copy(t, t + 3, base);
+      if (base_n == 0) {
+        std::copy(t, t + 3, base);
+        base_n = n;
+      }
       const double kv = 2048.0 * c.layers * c.kv_dim() * 2 * 2;
       const double head = n > 1 && !plain ? head_bytes / n : head_bytes;
       const double floor_ms = ((body_bytes + kv) / n + head) / bw * 1e3;  // embedding: B rows only
       std::printf("%3d%-6s %8.3f %9.3f %7.2fx %14.3f %8.2fx %13.3f %7.2fx %5.0f%%   (set-up %.0f s)\n", n,
                   plain ? " plain" : "", t[0], floor_ms, t[0] / base[0], t[1], t[1] / base[1], t[2], t[2] / base[2],
-                  100.0 * base[2] / (n * t[2]), setup_s);
+                  100.0 * base[2] * base_n / (n * t[2]), setup_s);
     }
   }
-  for (const char* e : plain_env) unsetenv(e);
+  set_env(false);
 }
 
 // cuBLASLt's candidate algorithms on the decode GEMMs of a batch of M

@@ -5,7 +5,10 @@
 // (how the decode graphs replay them), median of 15 replays; reported per
 // all-reduce: µs, and bus bandwidth 2(N-1)/N x bytes / time (NCCL's busbw;
 // 0 for one rank), in plain cudaMalloc buffers and in NCCL symmetric windows
-// (ncclMemAlloc + ncclCommWindowRegister). Usage: gpu_collective_bench
+// (ncclMemAlloc + ncclCommWindowRegister). A second table times what a
+// rank runs after o_proj / down in a decode step (hidden 4096 bf16, 1-64
+// rows): the all-reduce then the add_rms_norm kernel, against the fused
+// all-reduce + add + norm kernel (tp_add_norm.h). Usage: gpu_collective_bench
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -17,14 +20,17 @@
 
 #include "bench/bench_common.h"
 #include "kernels/cuda/nccl_group.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/tp_add_norm.h"
 
 using fusedserve::DType;
 using fusedserve::bench::Median;
 
-// Per all-reduce µs of `count` bf16 in place in bufs (one per rank): a graph
-// of kInGraph back-to-back all-reduces per rank, median of 15 replays.
-double AllReduceUs(const fusedserve::cuda::NcclGroup& g, const std::vector<void*>& bufs,
-                   const std::vector<cudaStream_t>& streams, size_t count) {
+// Per-iteration µs of enqueue(k, i) (rank k's work of iteration i): a graph
+// of kInGraph iterations per rank (each between GroupStart and GroupEnd, as
+// one thread issues NCCL calls for several ranks), median of 15 replays.
+template <typename Enqueue>
+double GraphUs(const fusedserve::cuda::NcclGroup& g, const std::vector<cudaStream_t>& streams, Enqueue enqueue) {
   const int n = g.size(), kInGraph = 20;
   std::vector<cudaGraphExec_t> execs(n);
   for (int k = 0; k < n; ++k) {
@@ -34,7 +40,8 @@ double AllReduceUs(const fusedserve::cuda::NcclGroup& g, const std::vector<void*
   for (int i = 0; i < kInGraph; ++i) {
     if (!g.GroupStart().ok()) std::exit(1);
     for (int k = 0; k < n; ++k) {
-      if (fusedserve::CudaStatus s = g.AllReduceSum(k, bufs[k], count, DType::kBF16, streams[k]); !s.ok()) {
+      BENCH_CHECK(cudaSetDevice(k));
+      if (fusedserve::CudaStatus s = enqueue(k, i); !s.ok()) {
         std::fprintf(stderr, "%s\n", s.message.c_str());
         std::exit(1);
       }
@@ -71,6 +78,12 @@ double AllReduceUs(const fusedserve::cuda::NcclGroup& g, const std::vector<void*
   BENCH_CHECK(cudaEventDestroy(e0));
   BENCH_CHECK(cudaEventDestroy(e1));
   return Median(us);
+}
+
+// Per all-reduce µs of `count` bf16 in place in bufs (one per rank).
+double AllReduceUs(const fusedserve::cuda::NcclGroup& g, const std::vector<void*>& bufs,
+                   const std::vector<cudaStream_t>& streams, size_t count) {
+  return GraphUs(g, streams, [&](int k, int) { return g.AllReduceSum(k, bufs[k], count, DType::kBF16, streams[k]); });
 }
 
 int main() {
@@ -133,6 +146,68 @@ int main() {
     const double ts = no_symmetric.empty() ? AllReduceUs(*g, symmetric, streams, bytes / 2) : 0.0;
     auto busbw = [&](double us) { return n > 1 && us > 0 ? 2.0 * (n - 1) / n * bytes / (us * 1e-6) / 1e9 : 0.0; };
     std::printf("| %zu | %.2f | %.1f | %.2f | %.1f |\n", bytes, t, busbw(t), ts, busbw(ts));
+  }
+
+  // All-reduce + residual add + RMS norm of a decode step's rows.
+  constexpr int64_t kHidden = 4096, kMaxRows = 64;
+  const size_t row_bytes = kHidden * 2;
+  std::vector<std::unique_ptr<fusedserve::cuda::TpAddNorm>> fused(n);
+  {
+    std::vector<std::thread> threads;
+    for (int k = 0; k < n; ++k) {
+      threads.emplace_back([&, k] {
+        BENCH_CHECK(cudaSetDevice(k));
+        if (fusedserve::CudaStatus s =
+                fusedserve::cuda::TpAddNorm::Create(*g, k, kMaxRows, kHidden, DType::kBF16, &fused[k]);
+            !s.ok())
+          errors[k] = s.message;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  const bool have_fused = fused[0] != nullptr;
+  if (!have_fused) std::printf("fused all-reduce + norm: %s\n", errors[0].c_str());
+  // Per rank at byte offsets of plain[k] past the all-reduce data: residual, weight, y, residual_out.
+  auto tensor = [&](int k, int slot) { return static_cast<char*>(plain[k]) + (1 << 20) + slot * kMaxRows * row_bytes; };
+  auto norm = [&](int k, const void* sums, int64_t rows) {
+    fusedserve::cuda::NormParams p;
+    p.kind = fusedserve::cuda::NormKind::kAddRms;
+    p.dtype = DType::kBF16;
+    p.x = sums;
+    p.residual = tensor(k, 0);
+    p.weight = tensor(k, 1);
+    p.y = tensor(k, 2);
+    p.residual_out = tensor(k, 3);
+    p.rows = rows;
+    p.hidden = kHidden;
+    p.eps = 1e-5f;
+    return fusedserve::cuda::LaunchNorm(p, fusedserve::cuda::NormConfig{}, streams[k]);
+  };
+  std::printf(
+      "\n| rows (hidden 4096 bf16) | all-reduce + add_rms_norm (µs) | symmetric + add_rms_norm (µs) | fused "
+      "(µs) |\n|---|---|---|---|\n");
+  for (int64_t rows : {1, 4, 16, 64}) {
+    const size_t count = rows * kHidden;
+    auto two_kernels = [&](const std::vector<void*>& bufs) {
+      return GraphUs(*g, streams, [&](int k, int) -> fusedserve::CudaStatus {
+        if (fusedserve::CudaStatus s = g->AllReduceSum(k, bufs[k], count, DType::kBF16, streams[k]); !s.ok()) return s;
+        return norm(k, bufs[k], rows);
+      });
+    };
+    const double plain_us = two_kernels(plain);
+    const double sym_us = no_symmetric.empty() ? two_kernels(symmetric) : 0.0;
+    double fused_us = 0.0;
+    if (have_fused) {
+      for (int k = 0; k < n; ++k) {
+        BENCH_CHECK(cudaSetDevice(k));
+        for (int b = 0; b < 2; ++b) BENCH_CHECK(cudaMemset(fused[k]->partial_sums(b), 0x3c, count * 2));
+      }
+      fused_us = GraphUs(*g, streams, [&](int k, int i) {
+        return fused[k]->Launch(i % 2, rows, tensor(k, 0), tensor(k, 1), 1e-5f, tensor(k, 2), tensor(k, 3),
+                                streams[k]);
+      });
+    }
+    std::printf("| %lld | %.2f | %.2f | %.2f |\n", static_cast<long long>(rows), plain_us, sym_us, fused_us);
   }
   return 0;
 }

@@ -375,10 +375,11 @@ void TensorParallelTable(double bw) {
               "prefill 2x2048", "vs N=1", "eff");
   double base[3] = {0, 0, 0};
   int base_n = 0;  // the first row's N: the ratios and the efficiency are against it
-  // N > 1 twice: "plain" without the vocabulary-parallel head and the rope
-  // fusion on ranks (their switches at 0), then as built (the environment's
-  // FUSEDSERVE_TP_SYMMETRIC=1 applies to both; FS_TP_PLAIN=0: no plain rows).
-  const char* plain_env[] = {"FUSEDSERVE_TP_VOCAB_PARALLEL", "FUSEDSERVE_DECODE_FUSION"};
+  // N > 1 twice: "plain" without the vocabulary-parallel head, the rope
+  // fusion and the fused all-reduce + norm on ranks (their switches at 0),
+  // then as built (the environment's FUSEDSERVE_TP_SYMMETRIC=1 applies to
+  // both; FS_TP_PLAIN=0: no plain rows).
+  const char* plain_env[] = {"FUSEDSERVE_TP_VOCAB_PARALLEL", "FUSEDSERVE_DECODE_FUSION", "FUSEDSERVE_TP_FUSED_NORM"};
   std::vector<std::optional<std::string>> caller_env;  // restored for the rows as built, and at the end
   for (const char* e : plain_env) {
     const char* v = std::getenv(e);

@@ -35,8 +35,11 @@
 //   ranks       with tensor parallelism (cuda_tensor_parallel.cc) each GPU runs
 //               one of these over its shard: its q/kv heads and intermediate
 //               columns, and an NCCL all-reduce of the o_proj and down_proj
-//               partial sums before each residual add (small ones in an NCCL
-//               symmetric window with FUSEDSERVE_TP_SYMMETRIC=1); the LM head
+//               partial sums before each residual add: up to
+//               kFusedNormMaxRows rows one kernel does both (TpAddNorm, NCCL's
+//               device API; FUSEDSERVE_TP_FUSED_NORM=0: off), larger steps
+//               run ncclAllReduce and the add_rms_norm kernel (small ones in
+//               an NCCL symmetric window with FUSEDSERVE_TP_SYMMETRIC=1); the LM head
 //               is split by vocabulary rows (each rank's logits gathered to
 //               rank 0).
 #ifdef FUSEDSERVE_HAVE_CUDA
@@ -68,6 +71,7 @@
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/tp_add_norm.h"
 #include "kernels/cuda/tuned_configs.h"
 #include "model/cuda_rank.h"
 #include "model/kernel_shapes.h"
@@ -91,6 +95,11 @@ constexpr int64_t kChunkFlashMinRows = 16;
 // 2.28.3; alternating two windows did not help), cause not found; the bf16
 // models matched the CPU runner in every run.
 constexpr size_t kSymmetricMaxBytes = 32 << 10;
+
+// Steps of up to this many rows (every decode bucket) run a rank's
+// all-reduce, residual add and RMS norm as one kernel (TpAddNorm) when the
+// loaded NCCL has the device API of the headers it was built with.
+constexpr int64_t kFusedNormMaxRows = 64;
 
 // An experiment switch read at start-up: whether the variable is set to `value`.
 bool EnvEquals(const char* name, const char* value) {
@@ -211,6 +220,13 @@ class CudaModelRunner final : public ModelRunner {
         symmetric_bytes_ = kSymmetricMaxBytes;
       } else if (shard_.rank == 0) {
         std::fprintf(stderr, "tensor parallel: all-reduces in plain buffers (%s)\n", s.message.c_str());
+      }
+    }
+    if (group_ != nullptr && shard_.size > 1 && !EnvEquals("FUSEDSERVE_TP_FUSED_NORM", "0")) {
+      // Collective like the windows above.
+      if (CudaStatus s = cuda::TpAddNorm::Create(*group_, shard_.rank, kFusedNormMaxRows, c_.hidden, dt_, &add_norm_);
+          !s.ok() && shard_.rank == 0) {
+        std::fprintf(stderr, "tensor parallel: all-reduce and norm in two kernels (%s)\n", s.message.c_str());
       }
     }
     layers_ = std::vector<Layer>(c_.layers);
@@ -832,10 +848,27 @@ class CudaModelRunner final : public ModelRunner {
         "greedy argmax");
   }
 
-  // Where a row-parallel projection writes its partial sums for T rows: the
-  // symmetric window when they fit (kSymmetricMaxBytes), else tmp_.
-  void* PartialSums(int64_t T) const {
+  // Whether a step of T rows runs the fused all-reduce + norm (TpAddNorm).
+  bool FusedAddNorm(int64_t T) const { return add_norm_ != nullptr && T <= add_norm_->max_rows(); }
+
+  // Where a row-parallel projection (which: 0 o_proj, 1 down) writes its
+  // partial sums for T rows: TpAddNorm's buffer, the symmetric window when
+  // they fit (kSymmetricMaxBytes), else tmp_.
+  void* PartialSums(int64_t T, int which) const {
+    if (FusedAddNorm(T)) return add_norm_->partial_sums(which);
     return static_cast<size_t>(T * c_.hidden) * es_ <= symmetric_bytes_ ? symmetric_ : tmp_.get();
+  }
+
+  // After a row-parallel projection: residual_out = the ranks' sum of `sums`
+  // (PartialSums(T, which)) + residual, y = rms_norm(residual_out) * weight.
+  absl::Status AllReduceAddNorm(int which, void* sums, int64_t T, const void* residual, const void* weight, void* y,
+                                void* residual_out) {
+    if (FusedAddNorm(T))
+      return CudaToAbsl(add_norm_->Launch(which, T, residual, weight, static_cast<float>(c_.rms_eps), y,
+                                          residual_out, stream_),
+                        "tensor-parallel all-reduce + norm");
+    if (absl::Status status = AllReduce(sums, T * c_.hidden); !status.ok()) return status;
+    return Norm(cuda::NormKind::kAddRms, sums, residual, weight, T, y, residual_out);
   }
 
   // Whether kernel k runs the GEMV at M rows (its tuned config or the built-in rule).
@@ -963,12 +996,10 @@ class CudaModelRunner final : public ModelRunner {
           r.residual = x_[cur].get();
           if (absl::Status status = gemv(in, w, D, K, x_[1 - cur].get(), r, "o_proj/down"); !status.ok()) return status;
         } else {
-          void* sums = PartialSums(T);
+          void* sums = PartialSums(T, half);
           if (absl::Status status = gemv(in, w, D, K, sums, cuda::GemvFusion{}, "o_proj/down"); !status.ok())
             return status;
-          if (absl::Status status = AllReduce(sums, T * D); !status.ok()) return status;
-          if (absl::Status status =
-                  Norm(cuda::NormKind::kAddRms, sums, x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
+          if (absl::Status status = AllReduceAddNorm(half, sums, T, x_[cur].get(), next_w, h_.get(), x_[1 - cur].get());
               !status.ok())
             return status;
         }
@@ -1018,12 +1049,11 @@ class CudaModelRunner final : public ModelRunner {
         return status;
       if (absl::Status status = RopeKvWrite(st, l, /*dense_kv=*/true); !status.ok()) return status;
       if (absl::Status status = Attention(st, l); !status.ok()) return status;
-      void* sums = PartialSums(T);
+      void* sums = PartialSums(T, 0);
       if (absl::Status status = Linear(ModelKernel::kOProj, ao_.get(), L.wo.get(), T, qd, D, sums); !status.ok())
         return status;
-      if (absl::Status status = AllReduce(sums, T * D); !status.ok()) return status;
       if (absl::Status status =
-              Norm(cuda::NormKind::kAddRms, sums, x_[cur].get(), L.mlp_norm.get(), T, h_.get(), x_[1 - cur].get());
+              AllReduceAddNorm(0, sums, T, x_[cur].get(), L.mlp_norm.get(), h_.get(), x_[1 - cur].get());
           !status.ok())
         return status;
       cur = 1 - cur;
@@ -1033,14 +1063,13 @@ class CudaModelRunner final : public ModelRunner {
                          "swiglu");
           !status.ok())
         return status;
+      sums = PartialSums(T, 1);
       if (absl::Status status = Linear(ModelKernel::kDown, act_.get(), L.down.get(), T, I, D, sums); !status.ok())
         return status;
-      if (absl::Status status = AllReduce(sums, T * D); !status.ok()) return status;
       // Next layer's input norm fused with the residual add (the final norm
       // after the last layer; outside Forward only the new residual is kept).
       const void* next_w = l + 1 < end ? layers_[l + 1].attn_norm.get() : final_norm_.get();
-      if (absl::Status status =
-              Norm(cuda::NormKind::kAddRms, sums, x_[cur].get(), next_w, T, h_.get(), x_[1 - cur].get());
+      if (absl::Status status = AllReduceAddNorm(1, sums, T, x_[cur].get(), next_w, h_.get(), x_[1 - cur].get());
           !status.ok())
         return status;
       cur = 1 - cur;
@@ -1289,6 +1318,7 @@ class CudaModelRunner final : public ModelRunner {
   std::vector<TensorShard> vocab_parts_;  // vocab_parallel_: every rank's shard (its vocabulary rows)
   DeviceBuffer head_part_, head_parts_;   // vocab_parallel_: [B][its rows] logits, and every rank's
   void* symmetric_ = nullptr;             // NCCL symmetric window (the group owns it)
+  std::unique_ptr<cuda::TpAddNorm> add_norm_;  // ranks: fused all-reduce + residual add + norm
   size_t symmetric_bytes_ = 0;
   std::vector<Layer> layers_;
   DeviceBuffer cos_sin_;

@@ -32,6 +32,7 @@ struct NcclApi {
   decltype(&ncclCommWindowRegister) window_register = nullptr;
   decltype(&ncclCommWindowDeregister) window_deregister = nullptr;
 #endif
+  void* lib = nullptr;      // the dlopen handle (Resolve)
   std::string load_error;  // empty when every required function resolved
 };
 
@@ -47,6 +48,7 @@ const NcclApi& LoadApi() {
       a->load_error = std::string("cannot load NCCL (libnccl.so.2): ") + (e != nullptr ? e : "unknown error");
       return a;
     }
+    a->lib = lib;
     // An optional function missing leaves its pointer null; a required one fails the load.
     auto resolve = [&](auto* fn, const char* name, bool required = true) {
       *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, name));
@@ -122,6 +124,7 @@ CudaStatus NcclGroup::Create(const std::vector<int>& devices, std::unique_ptr<Nc
   int v = 0;
   if (CudaStatus s = Check(api, api.get_version(&v), "ncclGetVersion"); !s.ok()) return s;
   // NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch.
+  g->version_code_ = v;
   g->version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
   std::vector<ncclComm_t> comms(devices.size());
   if (CudaStatus s = Check(api, api.comm_init_all(comms.data(), static_cast<int>(devices.size()), devices.data()),
@@ -171,8 +174,11 @@ CudaStatus NcclGroup::AllGather(int rank, const void* send, void* recv, size_t c
                "ncclAllGather");
 }
 
-CudaStatus NcclGroup::AllocateSymmetric(int rank, size_t bytes, void** ptr) const {
+void* NcclGroup::Resolve(const char* name) const { return api_->lib == nullptr ? nullptr : dlsym(api_->lib, name); }
+
+CudaStatus NcclGroup::AllocateSymmetric(int rank, size_t bytes, void** ptr, void** window_out) const {
   *ptr = nullptr;
+  if (window_out != nullptr) *window_out = nullptr;
   if (comms_.empty()) return CudaStatus::Error("NCCL symmetric memory: the group was aborted");
   if (rank < 0 || rank >= size()) return CudaStatus::Error("NCCL symmetric memory: rank out of range");
 #ifndef NCCL_WIN_COLL_SYMMETRIC
@@ -196,6 +202,7 @@ CudaStatus NcclGroup::AllocateSymmetric(int rank, size_t bytes, void** ptr) cons
   std::lock_guard<std::mutex> lock(windows_mu_);
   windows_.push_back({rank, p, window});
   *ptr = p;
+  if (window_out != nullptr) *window_out = window;
   return CudaStatus::Ok();
 #endif
 }
@@ -223,7 +230,8 @@ CudaStatus NcclGroup::AllReduceSum(int, void*, size_t, DType, cudaStream_t) cons
 CudaStatus NcclGroup::AllGather(int, const void*, void*, size_t, DType, cudaStream_t) const {
   return CudaStatus::Error(kNoNccl);
 }
-CudaStatus NcclGroup::AllocateSymmetric(int, size_t, void**) const { return CudaStatus::Error(kNoNccl); }
+CudaStatus NcclGroup::AllocateSymmetric(int, size_t, void**, void**) const { return CudaStatus::Error(kNoNccl); }
+void* NcclGroup::Resolve(const char*) const { return nullptr; }
 CudaStatus NcclGroup::GroupStart() const { return CudaStatus::Error(kNoNccl); }
 CudaStatus NcclGroup::GroupEnd() const { return CudaStatus::Error(kNoNccl); }
 void NcclGroup::Abort() {}

@@ -52,7 +52,15 @@ class NcclGroup {
   // Registration is collective: every rank at once, each from its own thread
   // (or one thread between GroupStart and GroupEnd). Freed with the group.
   // Fails, naming why, where the library lacks the API.
-  CudaStatus AllocateSymmetric(int rank, size_t bytes, void** ptr) const;
+  // `window` (optional) gets the ncclWindow_t, for kernels on NCCL's device
+  // API (tp_add_norm.h).
+  CudaStatus AllocateSymmetric(int rank, size_t bytes, void** ptr, void** window = nullptr) const;
+  // For code on NCCL's device API: rank's ncclComm_t (null once aborted), the
+  // loaded library's NCCL_VERSION_CODE, and a function of the loaded library
+  // by name (null where it lacks it).
+  void* comm(int rank) const { return comms_.empty() ? nullptr : comms_[rank]; }
+  int version_code() const { return version_code_; }
+  void* Resolve(const char* name) const;
   // Brackets the collectives of several ranks issued from one thread.
   CudaStatus GroupStart() const;
   CudaStatus GroupEnd() const;
@@ -68,6 +76,7 @@ class NcclGroup {
   std::vector<int> devices_;
   std::vector<void*> comms_;  // ncclComm_t per rank; empty once aborted
   std::string version_;
+  int version_code_ = 0;
   struct Window {
     int rank;
     void* ptr;

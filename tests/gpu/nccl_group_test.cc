@@ -1,9 +1,10 @@
 // NcclGroup (kernels/cuda/nccl_group.h): the all-reduce the tensor-parallel
 // runner uses, over every visible GPU (one on a single-GPU host: the N = 1
 // path through NCCL) and over one GPU, eager and captured in CUDA graphs,
-// against the host's sum; the same in NCCL symmetric windows, and the
-// all-gather of the vocabulary-parallel LM head. Skips without a GPU or
-// without NCCL.
+// against the host's sum; the same in NCCL symmetric windows, the
+// all-gather of the vocabulary-parallel LM head, and the ranks' fused
+// all-reduce + residual add + RMS norm (tp_add_norm.h). Skips without a GPU
+// or without NCCL.
 #include "kernels/cuda/nccl_group.h"
 
 #include <cuda_runtime.h>
@@ -17,8 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/tp_add_norm.h"
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
+#include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
 namespace {
@@ -231,6 +234,169 @@ TEST(NcclGroupTest, SymmetricWindowsAndAllGatherOverEveryGpu) {
         cudaFree(recv[k]);
       }
     }
+  }
+}
+
+// The fused all-reduce + residual add + RMS norm of the ranks (TpAddNorm):
+// fresh random partial sums on every rank in both buffers in turn (as o_proj
+// and down alternate), a replicated residual and weight, poisoned outputs;
+// every rank's residual_out and y match the host's reference (fp64 sum
+// rounded to the dtype, its RMS norm times the weight) and are the same bits
+// on every rank. Eager launches from one thread, then one graph per rank
+// replayed on fresh inputs.
+TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
+  const int n = GpuCount();
+  if (n < 1) GTEST_SKIP() << "no CUDA device";
+  std::string why;
+  if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
+  std::vector<int> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(i);
+  std::unique_ptr<cuda::NcclGroup> g;
+  const CudaStatus created = cuda::NcclGroup::Create(devices, &g);
+  ASSERT_TRUE(created.ok()) << created.message;
+  constexpr int64_t kMaxRows = 64;
+  const float eps = 1e-5f;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto [t, hidden] : {std::pair{DType::kBF16, int64_t{4096}}, std::pair{DType::kF32, int64_t{96}},
+                           std::pair{DType::kF16, int64_t{2056}}}) {
+    std::vector<std::unique_ptr<cuda::TpAddNorm>> fused(n);
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> threads;
+    for (int k = 0; k < n; ++k) {
+      threads.emplace_back([&, k] {
+        cudaSetDevice(k);
+        if (CudaStatus s = cuda::TpAddNorm::Create(*g, k, kMaxRows, hidden, t, &fused[k]); !s.ok()) errors[k] = s.message;
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    if (!errors[0].empty()) GTEST_SKIP() << "fused all-reduce + norm unavailable: " << errors[0];
+    for (int k = 1; k < n; ++k) ASSERT_TRUE(errors[k].empty()) << errors[k];
+    std::printf("fused all-reduce + norm over %d GPU(s), %s hidden %lld\n", n, DTypeName(t),
+                static_cast<long long>(hidden));
+    const size_t es = DTypeSize(t);
+    const size_t cap = kMaxRows * hidden * es;
+    Ranks r;  // per rank: residual, weight, y, residual_out
+    for (int k = 0; k < n; ++k) {
+      ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+      void* p = nullptr;
+      ASSERT_EQ(cudaMalloc(&p, 4 * cap), cudaSuccess);
+      r.data.push_back(p);
+      cudaStream_t s = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+      r.streams.push_back(s);
+    }
+    auto at = [&](int k, int slot) { return static_cast<uint8_t*>(r.data[k]) + slot * cap; };
+    // Fills the inputs of `rows` rows in buffer `which`; returns the expected
+    // residual_out and y.
+    auto fill = [&](int which, int64_t rows, std::vector<float>* want_res, std::vector<float>* want_y) {
+      const size_t count = rows * hidden;
+      std::vector<double> sum(count, 0.0);
+      std::vector<uint8_t> host(count * es), residual(count * es), weight(hidden * es), poison(2 * cap, 0xff);
+      for (int k = 0; k < n; ++k) {
+        for (size_t i = 0; i < count; ++i) {
+          FromHost(t, u(rng), host.data(), i);
+          sum[i] += ToHost(t, host.data(), i);
+        }
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(fused[k]->partial_sums(which), host.data(), host.size(), cudaMemcpyHostToDevice),
+                  cudaSuccess);
+      }
+      for (size_t i = 0; i < count; ++i) FromHost(t, 2 * u(rng), residual.data(), i);
+      for (int64_t i = 0; i < hidden; ++i) FromHost(t, 1 + u(rng) / 2, weight.data(), i);
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(at(k, 0), residual.data(), count * es, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(at(k, 1), weight.data(), hidden * es, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(at(k, 2), poison.data(), 2 * cap, cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      want_res->assign(count, 0.0f);
+      want_y->assign(count, 0.0f);
+      std::vector<uint8_t> rounded(es);
+      for (int64_t row = 0; row < rows; ++row) {
+        double sq = 0;
+        for (int64_t i = 0; i < hidden; ++i) {
+          const size_t e = row * hidden + i;
+          FromHost(t, static_cast<float>(sum[e] + ToHost(t, residual.data(), e)), rounded.data(), 0);
+          const double v = ToHost(t, rounded.data(), 0);
+          (*want_res)[e] = static_cast<float>(v);
+          sq += v * v;
+        }
+        const double inv = 1.0 / std::sqrt(sq / hidden + eps);
+        for (int64_t i = 0; i < hidden; ++i) {
+          const size_t e = row * hidden + i;
+          (*want_y)[e] = static_cast<float>((*want_res)[e] * inv * ToHost(t, weight.data(), i));
+        }
+      }
+    };
+    auto launch = [&](int k, int which, int64_t rows) {
+      return fused[k]->Launch(which, rows, at(k, 0), at(k, 1), eps, at(k, 2), at(k, 3), r.streams[k]);
+    };
+    auto expect = [&](int64_t rows, const std::vector<float>& want_res, const std::vector<float>& want_y,
+                      const std::string& what) {
+      const size_t count = rows * hidden;
+      std::vector<uint8_t> first_y, first_res;
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(r.streams[k]), cudaSuccess);
+        std::vector<uint8_t> y(count * es), res(count * es);
+        ASSERT_EQ(cudaMemcpy(y.data(), at(k, 2), y.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(res.data(), at(k, 3), res.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        std::vector<float> got_y(count), got_res(count);
+        for (size_t i = 0; i < count; ++i) {
+          got_y[i] = ToHost(t, y.data(), i);
+          got_res[i] = ToHost(t, res.data(), i);
+        }
+        const double tol = t == DType::kF32 ? 1e-5 : 1e-2;
+        EXPECT_LT(RelErrorNorm(got_res, want_res), tol) << what << " residual_out rank " << k;
+        EXPECT_LT(RelErrorNorm(got_y, want_y), tol) << what << " y rank " << k;
+        if (k == 0) {
+          first_y = y;
+          first_res = res;
+        } else {
+          EXPECT_TRUE(y == first_y && res == first_res) << what << ": rank " << k << " differs from rank 0";
+        }
+      }
+    };
+    std::vector<float> want_res, want_y;
+    int which = 0;
+    for (int64_t rows : {int64_t{1}, int64_t{3}, kMaxRows, int64_t{2}}) {
+      ASSERT_NO_FATAL_FAILURE(fill(which, rows, &want_res, &want_y));
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        const CudaStatus s = launch(k, which, rows);
+        ASSERT_TRUE(s.ok()) << s.message;
+      }
+      ASSERT_NO_FATAL_FAILURE(expect(rows, want_res, want_y,
+                                     std::string(DTypeName(t)) + " eager rows " + std::to_string(rows)));
+      which = 1 - which;
+    }
+    // A graph per rank and buffer, replayed in turn on fresh inputs.
+    const int64_t rows = 4;
+    std::vector<cudaGraphExec_t> execs(2 * n, nullptr);  // [buffer][rank]
+    for (int b = 0; b < 2; ++b) {
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaStreamBeginCapture(r.streams[k], cudaStreamCaptureModeRelaxed), cudaSuccess);
+        const CudaStatus s = launch(k, b, rows);
+        cudaGraph_t graph = nullptr;
+        ASSERT_EQ(cudaStreamEndCapture(r.streams[k], &graph), cudaSuccess);
+        ASSERT_TRUE(s.ok()) << s.message;
+        ASSERT_EQ(cudaGraphInstantiate(&execs[b * n + k], graph, 0), cudaSuccess);
+        cudaGraphDestroy(graph);
+      }
+    }
+    for (int replay = 0; replay < 4; ++replay) {
+      const int b = replay % 2;
+      ASSERT_NO_FATAL_FAILURE(fill(b, rows, &want_res, &want_y));
+      for (int k = 0; k < n; ++k) {
+        ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(execs[b * n + k], r.streams[k]), cudaSuccess);
+      }
+      ASSERT_NO_FATAL_FAILURE(expect(rows, want_res, want_y,
+                                     std::string(DTypeName(t)) + " graph replay " + std::to_string(replay)));
+    }
+    for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
   }
 }
 

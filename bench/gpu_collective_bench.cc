@@ -7,7 +7,7 @@
 // 0 for one rank), in plain cudaMalloc buffers and in NCCL symmetric windows
 // (ncclMemAlloc + ncclCommWindowRegister). A second table times what a
 // rank runs after o_proj / down in a decode step (hidden 4096 bf16, 1-64
-// rows): the all-reduce then the add_rms_norm kernel, against the fused
+// rows) and a prefill (512, 4096 rows): the all-reduce then the add_rms_norm kernel, against the fused
 // all-reduce + add + norm kernel (tp_add_norm.h). Usage: gpu_collective_bench
 #include <cuda_runtime.h>
 
@@ -149,7 +149,7 @@ int main() {
   }
 
   // All-reduce + residual add + RMS norm of a decode step's rows.
-  constexpr int64_t kHidden = 4096, kMaxRows = 64;
+  constexpr int64_t kHidden = 4096, kMaxRows = 4096;
   const size_t row_bytes = kHidden * 2;
   std::vector<std::unique_ptr<fusedserve::cuda::TpAddNorm>> fused(n);
   {
@@ -167,8 +167,14 @@ int main() {
   }
   const bool have_fused = fused[0] != nullptr;
   if (!have_fused) std::printf("fused all-reduce + norm: %s\n", errors[0].c_str());
-  // Per rank at byte offsets of plain[k] past the all-reduce data: residual, weight, y, residual_out.
-  auto tensor = [&](int k, int slot) { return static_cast<char*>(plain[k]) + (1 << 20) + slot * kMaxRows * row_bytes; };
+  // Per rank: residual, weight, y, residual_out.
+  std::vector<void*> norm_tensors(n);
+  for (int k = 0; k < n; ++k) {
+    BENCH_CHECK(cudaSetDevice(k));
+    BENCH_CHECK(cudaMalloc(&norm_tensors[k], 4 * kMaxRows * row_bytes));
+    BENCH_CHECK(cudaMemset(norm_tensors[k], 0x3c, 4 * kMaxRows * row_bytes));
+  }
+  auto tensor = [&](int k, int slot) { return static_cast<char*>(norm_tensors[k]) + slot * kMaxRows * row_bytes; };
   auto norm = [&](int k, const void* sums, int64_t rows) {
     fusedserve::cuda::NormParams p;
     p.kind = fusedserve::cuda::NormKind::kAddRms;
@@ -186,7 +192,7 @@ int main() {
   std::printf(
       "\n| rows (hidden 4096 bf16) | all-reduce + add_rms_norm (µs) | symmetric + add_rms_norm (µs) | fused "
       "(µs) |\n|---|---|---|---|\n");
-  for (int64_t rows : {1, 4, 16, 64}) {
+  for (int64_t rows : {1, 4, 16, 64, 512, 4096}) {
     const size_t count = rows * kHidden;
     auto two_kernels = [&](const std::vector<void*>& bufs) {
       return GraphUs(*g, streams, [&](int k, int) -> fusedserve::CudaStatus {
@@ -200,11 +206,10 @@ int main() {
     if (have_fused) {
       for (int k = 0; k < n; ++k) {
         BENCH_CHECK(cudaSetDevice(k));
-        for (int b = 0; b < 2; ++b) BENCH_CHECK(cudaMemset(fused[k]->partial_sums(b), 0x3c, count * 2));
+        for (int b = 0; b < 2; ++b) BENCH_CHECK(cudaMemset(fused[k]->partial_sums(b, rows), 0x3c, count * 2));
       }
       fused_us = GraphUs(*g, streams, [&](int k, int i) {
-        return fused[k]->Launch(i % 2, rows, tensor(k, 0), tensor(k, 1), 1e-5f, tensor(k, 2), tensor(k, 3),
-                                streams[k]);
+        return fused[k]->Launch(i % 2, rows, tensor(k, 0), tensor(k, 1), 1e-5f, tensor(k, 2), tensor(k, 3), streams[k]);
       });
     }
     std::printf("| %lld | %.2f | %.2f | %.2f |\n", static_cast<long long>(rows), plain_us, sym_us, fused_us);

@@ -98,7 +98,11 @@ constexpr size_t kSymmetricMaxBytes = 32 << 10;
 
 // Steps of up to this many rows (every decode bucket) run a rank's
 // all-reduce, residual add and RMS norm as one kernel (TpAddNorm) when the
-// loaded NCCL has the device API of the headers it was built with.
+// loaded NCCL has the device API of the headers it was built with; over 2
+// GPUs every step up to options.max_tokens rows does (each rank reads its
+// peer's sums once: 4096 rows of the 8B model in ~70 us against ~165 for
+// ncclAllReduce + add_rms_norm; over 4 the one-shot read of 3 peers' rows
+// is no faster than NCCL's ring, gpu_collective_bench).
 constexpr int64_t kFusedNormMaxRows = 64;
 
 // An experiment switch read at start-up: whether the variable is set to `value`.
@@ -224,7 +228,8 @@ class CudaModelRunner final : public ModelRunner {
     }
     if (group_ != nullptr && shard_.size > 1 && !EnvEquals("FUSEDSERVE_TP_FUSED_NORM", "0")) {
       // Collective like the windows above.
-      if (CudaStatus s = cuda::TpAddNorm::Create(*group_, shard_.rank, kFusedNormMaxRows, c_.hidden, dt_, &add_norm_);
+      const int64_t rows = shard_.size == 2 ? std::max(kFusedNormMaxRows, o_.max_tokens) : kFusedNormMaxRows;
+      if (CudaStatus s = cuda::TpAddNorm::Create(*group_, shard_.rank, rows, c_.hidden, dt_, &add_norm_);
           !s.ok() && shard_.rank == 0) {
         std::fprintf(stderr, "tensor parallel: all-reduce and norm in two kernels (%s)\n", s.message.c_str());
       }
@@ -855,7 +860,7 @@ class CudaModelRunner final : public ModelRunner {
   // partial sums for T rows: TpAddNorm's buffer, the symmetric window when
   // they fit (kSymmetricMaxBytes), else tmp_.
   void* PartialSums(int64_t T, int which) const {
-    if (FusedAddNorm(T)) return add_norm_->partial_sums(which);
+    if (FusedAddNorm(T)) return add_norm_->partial_sums(which, T);
     return static_cast<size_t>(T * c_.hidden) * es_ <= symmetric_bytes_ ? symmetric_ : tmp_.get();
   }
 
@@ -864,9 +869,9 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status AllReduceAddNorm(int which, void* sums, int64_t T, const void* residual, const void* weight, void* y,
                                 void* residual_out) {
     if (FusedAddNorm(T))
-      return CudaToAbsl(add_norm_->Launch(which, T, residual, weight, static_cast<float>(c_.rms_eps), y,
-                                          residual_out, stream_),
-                        "tensor-parallel all-reduce + norm");
+      return CudaToAbsl(
+          add_norm_->Launch(which, T, residual, weight, static_cast<float>(c_.rms_eps), y, residual_out, stream_),
+          "tensor-parallel all-reduce + norm");
     if (absl::Status status = AllReduce(sums, T * c_.hidden); !status.ok()) return status;
     return Norm(cuda::NormKind::kAddRms, sums, residual, weight, T, y, residual_out);
   }
@@ -1315,9 +1320,9 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer embed_, final_norm_, lm_head_own_;  // lm_head_own_: a rank's rows when vocab_parallel_
   const void* lm_head_ = nullptr;
   bool vocab_parallel_ = false;
-  std::vector<TensorShard> vocab_parts_;  // vocab_parallel_: every rank's shard (its vocabulary rows)
-  DeviceBuffer head_part_, head_parts_;   // vocab_parallel_: [B][its rows] logits, and every rank's
-  void* symmetric_ = nullptr;             // NCCL symmetric window (the group owns it)
+  std::vector<TensorShard> vocab_parts_;       // vocab_parallel_: every rank's shard (its vocabulary rows)
+  DeviceBuffer head_part_, head_parts_;        // vocab_parallel_: [B][its rows] logits, and every rank's
+  void* symmetric_ = nullptr;                  // NCCL symmetric window (the group owns it)
   std::unique_ptr<cuda::TpAddNorm> add_norm_;  // ranks: fused all-reduce + residual add + norm
   size_t symmetric_bytes_ = 0;
   std::vector<Layer> layers_;

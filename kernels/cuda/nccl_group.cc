@@ -32,7 +32,7 @@ struct NcclApi {
   decltype(&ncclCommWindowRegister) window_register = nullptr;
   decltype(&ncclCommWindowDeregister) window_deregister = nullptr;
 #endif
-  void* lib = nullptr;      // the dlopen handle (Resolve)
+  void* lib = nullptr;     // the dlopen handle (Resolve)
   std::string load_error;  // empty when every required function resolved
 };
 

@@ -10,9 +10,14 @@
 // the plain path runs NCCL's all-reduce kernel and then the add_rms_norm
 // kernel (two launches, two drains, a bf16 rounding of the sum).
 //
+// Decode steps (up to 64 rows) push instead: each rank stores its rows into
+// its slot of every peer's window before the barrier, and after it reads
+// only its own window.
+//
 // Two buffers alternate (o_proj's sums in 0, down's in 1): a rank rewrites
-// buffer b only after its next launch's barrier, which every peer reaches
-// only after its launch over b finished reading b. One barrier a launch.
+// buffer b (its own, or its slot in a peer's) only after its next launch's
+// barrier, which every peer reaches only after its launch over b finished
+// reading b. One barrier a launch.
 //
 // The device API is inline code over the library's own structures, so it is
 // used only when the loaded libnccl.so.2 is the version whose headers this
@@ -45,8 +50,8 @@ class TpAddNorm {
 
   int64_t max_rows() const { return max_rows_; }
   // Where this rank's projection writes its [rows, hidden] partial sums for
-  // buffer `which` (0 or 1).
-  void* partial_sums(int which) const;
+  // buffer `which` (0 or 1) in a step of `rows` rows.
+  void* partial_sums(int which, int64_t rows) const;
   // residual_out = sum over ranks of partial_sums(which) + residual;
   // y = rms_norm(residual_out) * weight. rows <= max_rows; every rank must
   // launch the same sequence of (which, rows).
@@ -59,9 +64,13 @@ class TpAddNorm {
   const NcclGroup* group_ = nullptr;
   int rank_ = 0;
   int64_t max_rows_ = 0, hidden_ = 0;
+  int64_t blocks_ = 0;  // the most blocks a launch runs (one barrier each)
+  // Steps of up to push_rows_ rows push their sums into every peer's slot
+  // (tp_add_norm.cu); the push buffers start pull_bytes_ into the window.
+  int64_t push_rows_ = 0, slot_bytes_ = 0, pull_bytes_ = 0;
   DType dtype_ = DType::kBF16;
-  char* base_ = nullptr;     // this rank's window: buffer 0, then buffer 1
-  void* window_ = nullptr;   // ncclWindow_t
+  char* base_ = nullptr;    // this rank's window: buffer 0, then buffer 1
+  void* window_ = nullptr;  // ncclWindow_t
   std::unique_ptr<DevComm> dev_comm_;
 };
 

@@ -254,7 +254,7 @@ TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
   std::unique_ptr<cuda::NcclGroup> g;
   const CudaStatus created = cuda::NcclGroup::Create(devices, &g);
   ASSERT_TRUE(created.ok()) << created.message;
-  constexpr int64_t kMaxRows = 64;
+  constexpr int64_t kMaxRows = 1024;  // a prefill's rows loop over a grid of resident blocks
   const float eps = 1e-5f;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -266,7 +266,8 @@ TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
     for (int k = 0; k < n; ++k) {
       threads.emplace_back([&, k] {
         cudaSetDevice(k);
-        if (CudaStatus s = cuda::TpAddNorm::Create(*g, k, kMaxRows, hidden, t, &fused[k]); !s.ok()) errors[k] = s.message;
+        if (CudaStatus s = cuda::TpAddNorm::Create(*g, k, kMaxRows, hidden, t, &fused[k]); !s.ok())
+          errors[k] = s.message;
       });
     }
     for (std::thread& th : threads) th.join();
@@ -299,7 +300,7 @@ TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
           sum[i] += ToHost(t, host.data(), i);
         }
         ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(fused[k]->partial_sums(which), host.data(), host.size(), cudaMemcpyHostToDevice),
+        ASSERT_EQ(cudaMemcpy(fused[k]->partial_sums(which, rows), host.data(), host.size(), cudaMemcpyHostToDevice),
                   cudaSuccess);
       }
       for (size_t i = 0; i < count; ++i) FromHost(t, 2 * u(rng), residual.data(), i);
@@ -360,15 +361,15 @@ TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
     };
     std::vector<float> want_res, want_y;
     int which = 0;
-    for (int64_t rows : {int64_t{1}, int64_t{3}, kMaxRows, int64_t{2}}) {
+    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{1000}, int64_t{2}}) {
       ASSERT_NO_FATAL_FAILURE(fill(which, rows, &want_res, &want_y));
       for (int k = 0; k < n; ++k) {
         ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
         const CudaStatus s = launch(k, which, rows);
         ASSERT_TRUE(s.ok()) << s.message;
       }
-      ASSERT_NO_FATAL_FAILURE(expect(rows, want_res, want_y,
-                                     std::string(DTypeName(t)) + " eager rows " + std::to_string(rows)));
+      ASSERT_NO_FATAL_FAILURE(
+          expect(rows, want_res, want_y, std::string(DTypeName(t)) + " eager rows " + std::to_string(rows)));
       which = 1 - which;
     }
     // A graph per rank and buffer, replayed in turn on fresh inputs.
@@ -393,8 +394,8 @@ TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
         ASSERT_EQ(cudaSetDevice(k), cudaSuccess);
         ASSERT_EQ(cudaGraphLaunch(execs[b * n + k], r.streams[k]), cudaSuccess);
       }
-      ASSERT_NO_FATAL_FAILURE(expect(rows, want_res, want_y,
-                                     std::string(DTypeName(t)) + " graph replay " + std::to_string(replay)));
+      ASSERT_NO_FATAL_FAILURE(
+          expect(rows, want_res, want_y, std::string(DTypeName(t)) + " graph replay " + std::to_string(replay)));
     }
     for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
   }

@@ -410,8 +410,10 @@ void TensorParallelTable(double bw) {
       std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, 16 * per_seq + 16, bs, n);
       const double setup_s = std::chrono::duration<double>(Clock::now() - t0).count();
       Batch d1(1, 2047, 1, per_seq, c.vocab), d16(16, 2047, 1, per_seq, c.vocab), pre(2, 0, 2048, per_seq, c.vocab);
-      const double t[3] = {MedianForwardMs(*r, d1.seqs), MedianForwardMs(*r, d16.seqs),
-                           MedianForwardMs(*r, pre.seqs, 10)};
+      // FS_TP_DECODE_ONLY=1: the B=1 decode step alone (for a profiler's trace).
+      const bool decode_only = std::getenv("FS_TP_DECODE_ONLY") != nullptr;
+      const double t[3] = {MedianForwardMs(*r, d1.seqs), decode_only ? 0.0 : MedianForwardMs(*r, d16.seqs),
+                           decode_only ? 0.0 : MedianForwardMs(*r, pre.seqs, 10)};
       if (base_n == 0) {
         std::copy(t, t + 3, base);
         base_n = n;

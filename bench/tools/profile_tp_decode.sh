@@ -13,7 +13,9 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 source "$here/tests/gpu/nccl_env.sh"
 export NCCL_NVLS_ENABLE=0 FS_BENCH=tp FS_TP_PLAIN=0 FS_TP_DECODE_ONLY=1
 nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-for n in "${@:-1 2}"; do
+sizes=("$@")
+[ ${#sizes[@]} -gt 0 ] || sizes=(1 2)
+for n in "${sizes[@]}"; do
   if [ -n "$nsys" ]; then
     FS_TP_LIST=$n "$nsys" profile -q --trace=cuda --cuda-graph-trace=node -o "$out/tp$n" -f true \
         "$b/env.sh" "$b/bin/gpu_model_bench" | grep -E "^ +[0-9]"

@@ -19,6 +19,10 @@
 // barrier, which every peer reaches only after its launch over b finished
 // reading b. One barrier a launch.
 //
+// ncclCommAbort does not release a launch waiting in the barrier for a rank
+// that never launches (NCCL's own kernels poll an abort flag; this one does
+// not): a rank that fails between collectives hangs its peers' streams.
+//
 // The device API is inline code over the library's own structures, so it is
 // used only when the loaded libnccl.so.2 is the version whose headers this
 // file was compiled with, and every rank is load/store-accessible from the

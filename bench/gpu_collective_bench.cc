@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,6 +81,14 @@ double GraphUs(const fusedserve::cuda::NcclGroup& g, const std::vector<cudaStrea
   return Median(us);
 }
 
+// fn(k) for every rank k of n at once, each on its own thread (NCCL's
+// collective set-up calls: one thread per rank, as the runner's loaders).
+void OnRankThreads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n; ++k) threads.emplace_back(fn, k);
+  for (std::thread& t : threads) t.join();
+}
+
 // Per all-reduce µs of `count` bf16 in place in bufs (one per rank).
 double AllReduceUs(const fusedserve::cuda::NcclGroup& g, const std::vector<void*>& bufs,
                    const std::vector<cudaStream_t>& streams, size_t count) {
@@ -118,15 +127,9 @@ int main() {
   // buffers where the library has them).
   // Registration is collective: one thread per rank, as the runner's ranks.
   std::vector<std::string> errors(n);
-  {
-    std::vector<std::thread> threads;
-    for (int k = 0; k < n; ++k) {
-      threads.emplace_back([&, k] {
-        if (fusedserve::CudaStatus s = g->AllocateSymmetric(k, kMax, &symmetric[k]); !s.ok()) errors[k] = s.message;
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
+  OnRankThreads(n, [&](int k) {
+    if (fusedserve::CudaStatus s = g->AllocateSymmetric(k, kMax, &symmetric[k]); !s.ok()) errors[k] = s.message;
+  });
   std::string no_symmetric;
   for (const std::string& e : errors) {
     if (no_symmetric.empty()) no_symmetric = e;
@@ -152,19 +155,13 @@ int main() {
   constexpr int64_t kHidden = 4096, kMaxRows = 4096;
   const size_t row_bytes = kHidden * 2;
   std::vector<std::unique_ptr<fusedserve::cuda::TpAddNorm>> fused(n);
-  {
-    std::vector<std::thread> threads;
-    for (int k = 0; k < n; ++k) {
-      threads.emplace_back([&, k] {
-        BENCH_CHECK(cudaSetDevice(k));
-        if (fusedserve::CudaStatus s =
-                fusedserve::cuda::TpAddNorm::Create(*g, k, kMaxRows, kHidden, DType::kBF16, &fused[k]);
-            !s.ok())
-          errors[k] = s.message;
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
+  OnRankThreads(n, [&](int k) {
+    BENCH_CHECK(cudaSetDevice(k));
+    if (fusedserve::CudaStatus s =
+            fusedserve::cuda::TpAddNorm::Create(*g, k, kMaxRows, kHidden, DType::kBF16, &fused[k]);
+        !s.ok())
+      errors[k] = s.message;
+  });
   const bool have_fused = fused[0] != nullptr;
   if (!have_fused) std::printf("fused all-reduce + norm: %s\n", errors[0].c_str());
   // Per rank: residual, weight, y, residual_out.

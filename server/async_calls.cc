@@ -222,13 +222,10 @@ class AsyncHealth::CheckCall final {
   void Closed() {
     if (closing_events_.fetch_sub(1) == 1) delete this;
   }
+  void OnEvent(bool done_notice, bool ok) { done_notice ? Closed() : OnMain(ok); }
 
-  struct Tag final : CqTag {
-    CheckCall* call;
-    bool done_notice;
-    Tag(CheckCall* c, bool d) : call(c), done_notice(d) {}
-    void Proceed(bool ok) override { done_notice ? call->Closed() : call->OnMain(ok); }
-  };
+  using Tag = CallTag<CheckCall, bool>;  // event: whether it is the done notice
+  friend Tag;
   AsyncHealth* const health_;
   grpc::ServerCompletionQueue* const cq_;
   CqGate* const gate_;
@@ -341,12 +338,8 @@ class AsyncHealth::WatchCall final {
     w.erase(std::remove(w.begin(), w.end(), this), w.end());
   }
 
-  struct Tag final : CqTag {
-    WatchCall* call;
-    Kind kind;
-    Tag(WatchCall* c, Kind k) : call(c), kind(k) {}
-    void Proceed(bool ok) override { call->OnEvent(kind, ok); }
-  };
+  using Tag = CallTag<WatchCall, Kind>;
+  friend Tag;
   AsyncHealth* const health_;
   grpc::ServerCompletionQueue* const cq_;
   CqGate* const gate_;

@@ -38,6 +38,19 @@ class CqTag {
   ~CqTag() = default;
 };
 
+// A call's tag for one of its events: hands (event, ok) to call->OnEvent.
+// The calls befriend it (OnEvent is theirs alone).
+template <typename Call, typename Event>
+class CallTag final : public CqTag {
+ public:
+  CallTag(Call* call, Event event) : call_(call), event_(event) {}
+  void Proceed(bool ok) override { call_->OnEvent(event_, ok); }
+
+ private:
+  Call* const call_;
+  const Event event_;
+};
+
 // Polls `cq` until it is shut down and drained, running each tag.
 void PollCompletionQueue(grpc::ServerCompletionQueue* cq);
 
@@ -111,13 +124,10 @@ class AsyncUnaryCall final {
   void Request();
   void OnMain(bool ok);
   void Closed();  // one of the two closing events (the answer's completion, the done notice)
+  void OnEvent(bool done_notice, bool ok) { done_notice ? Closed() : OnMain(ok); }
 
-  struct Tag final : CqTag {
-    AsyncUnaryCall* call;
-    bool done_notice;
-    Tag(AsyncUnaryCall* c, bool d) : call(c), done_notice(d) {}
-    void Proceed(bool ok) override { done_notice ? call->Closed() : call->OnMain(ok); }
-  };
+  using Tag = CallTag<AsyncUnaryCall, bool>;  // event: whether it is the done notice
+  friend Tag;
   AsyncFusedServe* const service_;
   const AsyncFusedServe::Method method_;
   grpc::ServerCompletionQueue* const cq_;
@@ -153,12 +163,8 @@ class AsyncGenerateCall final : public GenerateStream {
   enum class Kind { kArrival, kWrite, kFinish, kDoneNotice };
   void OnEvent(Kind kind, bool ok);
 
-  struct Tag final : CqTag {
-    AsyncGenerateCall* call;
-    Kind kind;
-    Tag(AsyncGenerateCall* c, Kind k) : call(c), kind(k) {}
-    void Proceed(bool ok) override { call->OnEvent(kind, ok); }
-  };
+  using Tag = CallTag<AsyncGenerateCall, Kind>;
+  friend Tag;
   AsyncFusedServe* const service_;
   grpc::ServerCompletionQueue* const cq_;
   CqGate* const gate_;

@@ -266,11 +266,6 @@ CudaStatus TpAddNorm::Create(const NcclGroup& group, int rank, int64_t max_rows,
   return CudaStatus::Ok();
 }
 
-// The window and the device communicator's resources go with the group's
-// communicators (ncclDevCommDestroy is collective, and ranks are destroyed
-// one after another on one thread).
-TpAddNorm::~TpAddNorm() = default;
-
 void* TpAddNorm::partial_sums(int which, int64_t rows) const {
   if (rows <= push_rows_) return base_ + pull_bytes_ + (which * group_->size() + rank_) * slot_bytes_;
   return base_ + which * max_rows_ * hidden_ * static_cast<int64_t>(DTypeSize(dtype_));
@@ -320,12 +315,16 @@ CudaStatus TpAddNorm::Create(const NcclGroup&, int, int64_t, int64_t, DType, std
   out->reset();
   return CudaStatus::Error("this build has no NCCL device API (nccl_device.h, NCCL 2.28+, was not found)");
 }
-TpAddNorm::~TpAddNorm() = default;
 void* TpAddNorm::partial_sums(int, int64_t) const { return nullptr; }
 CudaStatus TpAddNorm::Launch(int, int64_t, const void*, const void*, float, void*, void*, cudaStream_t) const {
   return CudaStatus::Error("this build has no NCCL device API");
 }
 
 #endif
+
+// The window and the device communicator's resources go with the group's
+// communicators (ncclDevCommDestroy is collective, and ranks are destroyed
+// one after another on one thread).
+TpAddNorm::~TpAddNorm() = default;
 
 }  // namespace fusedserve::cuda

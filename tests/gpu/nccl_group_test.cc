@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -29,6 +30,21 @@ namespace {
 int GpuCount() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+// GPUs 0 .. n-1 (a group over the first n).
+std::vector<int> FirstGpus(int n) {
+  std::vector<int> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(i);
+  return devices;
+}
+
+// fn(k) for every rank k of n at once, each on its own thread (NCCL's
+// collective set-up calls: one thread per rank, as the runner's loaders).
+void OnRankThreads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n; ++k) threads.emplace_back(fn, k);
+  for (std::thread& t : threads) t.join();
 }
 
 // Per-rank device buffers and streams of one group.
@@ -164,9 +180,7 @@ TEST(NcclGroupTest, AllReduceOverOneGpu) {
 TEST(NcclGroupTest, AllReduceOverEveryGpu) {
   const int n = GpuCount();
   if (n < 2) GTEST_SKIP() << "needs 2 or more GPUs (" << n << " visible)";
-  std::vector<int> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(i);
-  RunGroup(devices);
+  RunGroup(FirstGpus(n));
 }
 
 // Symmetric windows (registered from one thread per rank, as the runner's
@@ -177,21 +191,15 @@ TEST(NcclGroupTest, SymmetricWindowsAndAllGatherOverEveryGpu) {
   if (n < 1) GTEST_SKIP() << "no CUDA device";
   std::string why;
   if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
-  std::vector<int> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(i);
   std::unique_ptr<cuda::NcclGroup> g;
-  const CudaStatus created = cuda::NcclGroup::Create(devices, &g);
+  const CudaStatus created = cuda::NcclGroup::Create(FirstGpus(n), &g);
   ASSERT_TRUE(created.ok()) << created.message;
   const size_t kBytes = size_t{4} << 20;
   std::vector<void*> windows(n, nullptr);
   std::vector<std::string> errors(n);
-  std::vector<std::thread> threads;
-  for (int k = 0; k < n; ++k) {
-    threads.emplace_back([&, k] {
-      if (CudaStatus s = g->AllocateSymmetric(k, kBytes, &windows[k]); !s.ok()) errors[k] = s.message;
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnRankThreads(n, [&](int k) {
+    if (CudaStatus s = g->AllocateSymmetric(k, kBytes, &windows[k]); !s.ok()) errors[k] = s.message;
+  });
   if (!errors[0].empty()) GTEST_SKIP() << errors[0];
   for (int k = 1; k < n; ++k) ASSERT_TRUE(errors[k].empty()) << errors[k];
   std::mt19937 rng(42);
@@ -249,10 +257,8 @@ TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
   if (n < 1) GTEST_SKIP() << "no CUDA device";
   std::string why;
   if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
-  std::vector<int> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(i);
   std::unique_ptr<cuda::NcclGroup> g;
-  const CudaStatus created = cuda::NcclGroup::Create(devices, &g);
+  const CudaStatus created = cuda::NcclGroup::Create(FirstGpus(n), &g);
   ASSERT_TRUE(created.ok()) << created.message;
   constexpr int64_t kMaxRows = 1024;  // a prefill's rows loop over a grid of resident blocks
   const float eps = 1e-5f;
@@ -262,15 +268,10 @@ TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
                            std::pair{DType::kF16, int64_t{2056}}}) {
     std::vector<std::unique_ptr<cuda::TpAddNorm>> fused(n);
     std::vector<std::string> errors(n);
-    std::vector<std::thread> threads;
-    for (int k = 0; k < n; ++k) {
-      threads.emplace_back([&, k] {
-        cudaSetDevice(k);
-        if (CudaStatus s = cuda::TpAddNorm::Create(*g, k, kMaxRows, hidden, t, &fused[k]); !s.ok())
-          errors[k] = s.message;
-      });
-    }
-    for (std::thread& th : threads) th.join();
+    OnRankThreads(n, [&](int k) {
+      cudaSetDevice(k);
+      if (CudaStatus s = cuda::TpAddNorm::Create(*g, k, kMaxRows, hidden, t, &fused[k]); !s.ok()) errors[k] = s.message;
+    });
     if (!errors[0].empty()) GTEST_SKIP() << "fused all-reduce + norm unavailable: " << errors[0];
     for (int k = 1; k < n; ++k) ASSERT_TRUE(errors[k].empty()) << errors[k];
     std::printf("fused all-reduce + norm over %d GPU(s), %s hidden %lld\n", n, DTypeName(t),

@@ -25,6 +25,34 @@ inline double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// GPU time in us of the stream work `issue` enqueues on `stream`, between two events.
+template <typename Issue>
+double EventUs(cudaStream_t stream, Issue&& issue) {
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  BENCH_CHECK(cudaEventRecord(e0, stream));
+  issue();
+  BENCH_CHECK(cudaEventRecord(e1, stream));
+  BENCH_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms * 1e3;
+}
+
+// Median time per call of a graph of `calls` calls, over `reps` replays
+// after two untimed ones.
+inline double GraphReplayUs(cudaStream_t stream, cudaGraphExec_t exec, int calls, int reps) {
+  std::vector<double> us;
+  for (int rep = 0; rep < reps + 2; ++rep) {
+    const double t = EventUs(stream, [&] { BENCH_CHECK(cudaGraphLaunch(exec, stream)); });
+    if (rep >= 2) us.push_back(t / calls);
+  }
+  return Median(us);
+}
+
 // Device-to-device copy of 1 GiB, GB/s counting bytes read and written
 // (docs/peers.md's ceiling): median of 10 after 3 warm-up copies.
 inline double CopyBandwidthGBs(cudaStream_t stream) {

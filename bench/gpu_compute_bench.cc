@@ -11,8 +11,9 @@
 // Times are medians of per-launch event timings, after warm-up; input sets
 // are rotated until one pass touches >= 256 MB so L2 does not flatter.
 // Shapes: the model shapes of tests/gpu/op_cases.h (Llama-3-8B's dims).
-// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos]]
-// (gemm_algos: cuBLASLt's heuristic list on the large GEMMs, timed; not in the default run)
+// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos|decode_gemm]]
+// (gemm_algos: cuBLASLt's heuristic list on the large GEMMs, timed; decode_gemm:
+// the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs; neither in the default run)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +31,7 @@
 
 #include "bench/bench_common.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/op.h"
 #include "tests/gpu/op_cases.h"
 
@@ -138,6 +140,40 @@ std::vector<double> TimeUs(const std::vector<std::function<void(int)>>& fns, int
   return med;
 }
 double TimeUs(const std::function<void(int)>& fn, int iters = kIters) { return TimeUs(std::vector{fn}, iters)[0]; }
+
+// Mean GPU time per launch of fn(0..n-1) issued back to back (no host gap
+// between launches; how docs/peers.md times the peers' short kernels, which
+// per-launch events would charge with their host overhead): median of 5.
+double BackToBackUs(const std::function<void(int)>& fn, int n) {
+  fn(0);
+  BENCH_CHECK(cudaStreamSynchronize(g_stream));
+  std::vector<double> us;
+  for (int r = 0; r < 5; ++r) {
+    us.push_back(bench::EventUs(g_stream, [&] {
+                   for (int i = 0; i < n; ++i) fn(i);
+                 }) /
+                 n);
+  }
+  return bench::Median(us);
+}
+
+// Mean GPU time per launch of fn(0..n-1) captured into one CUDA graph (as
+// the model's decode step runs its kernels, programmatic dependent launches
+// included): median of 7 replays.
+double GraphUs(const std::function<void(int)>& fn, int n) {
+  fn(0);  // lazy set-up (cuBLASLt heuristics, attributes) outside the capture
+  BENCH_CHECK(cudaStreamSynchronize(g_stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < n; ++i) fn(i);
+  BENCH_CHECK(cudaStreamEndCapture(g_stream, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double us = bench::GraphReplayUs(g_stream, exec, n, 7);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
+}
 
 // ---- plain cuBLASLt, written independently of kernels/cuda/gemm.cc ----------
 class PlainLt {
@@ -468,17 +504,10 @@ void GemmAlgos(int64_t M, int64_t N, int64_t K, cublasLtEpilogue_t epi) {
     const std::vector<double> us = TimeUs(fns, 10);
     for (int i = 0; i < found; ++i) {
       // Back to back: 10 launches between two events.
-      cudaEvent_t e0, e1;
-      BENCH_CHECK(cudaEventCreate(&e0));
-      BENCH_CHECK(cudaEventCreate(&e1));
-      BENCH_CHECK(cudaEventRecord(e0, g_stream));
-      for (int k = 0; k < 10; ++k) fns[i](k);
-      BENCH_CHECK(cudaEventRecord(e1, g_stream));
-      BENCH_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
+      const double ms = bench::EventUs(g_stream, [&] {
+                          for (int k = 0; k < 10; ++k) fns[i](k);
+                        }) *
+                        1e-3;
       const cublasLtMatmulAlgo_t& a = r[i].algo;
       std::printf(
           "  ws<=%2zu MiB #%-2d id %3d tile %3d stages %3d splitk %2d red %d swz %d cust %d inner %d cluster %2d "
@@ -540,7 +569,13 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
   const std::vector<std::string> cands = CudaCandidates("attention", DType::kBF16, {T, Hq, Hkv, D});
   std::vector<std::function<void(int)>> fns = {op("")};
   for (const std::string& cfg : cands) fns.push_back(op(cfg));
-  const std::vector<double> t = TimeUs(fns, S >= 8192 ? 10 : kIters);
+  std::vector<double> t = TimeUs(fns, S >= 8192 ? 10 : kIters);
+  // Short kernels: per-launch events include the host's launch work, which
+  // the peers' figures exclude (back-to-back launches); the lower counts, as
+  // in bench/torch_attention_peer.py.
+  if (S < 8192) {
+    for (size_t j = 0; j < fns.size(); ++j) t[j] = std::min(t[j], BackToBackUs(fns[j], 50));
+  }
   const double ours = t[0];
   Add({"5", "attn_prefill", shape, "ours (default)", ours, tf(ours), "TFLOP/s", 100.0 * tf(ours) / g_gemm_tflops,
        Fmt("%.2fx FA2", fa2_us / ours) + Fmt(", %.2fx cuDNN", cudnn_us / ours)},
@@ -614,6 +649,60 @@ void Decode(int64_t B, int64_t L, double cudnn_us) {
   FreeAll();
 }
 
+// ---- decode-step GEMMs (llama-3.2-1b shapes, 16 to 64 token rows) ----------
+// Each linear candidate of the tuner (cuBLASLt's algorithms: the best one
+// reported; the skinny GEMM) and, for gate_up, the fused skinny SwiGLU, timed
+// inside a CUDA graph of 20 launches over rotated weights, as the decode step
+// runs them. Rate: weight bytes read per second (the floor), % of copy.
+void DecodeGemm(int64_t M, const char* name, int64_t N, int64_t K, bool swiglu) {
+  const int64_t rows = swiglu ? 2 * N : N;  // swiglu: N = I, gate_up [2I, K]
+  const size_t wbytes = static_cast<size_t>(rows * K) * 2;
+  const int copies = Copies(wbytes);
+  std::vector<void*> ws;
+  for (int c = 0; c < copies; ++c) ws.push_back(Alloc(wbytes));
+  void* x = Alloc(M * K * 2);
+  void* y = Alloc(M * rows * 2, false);
+  OpRequest host;
+  host.op = "linear";
+  host.spec = FindOpSpec(host.op);
+  host.inputs = {{"x", Shape({M, K})}, {"weight", Shape({rows, K})}};
+  host.attrs = {{"activation", std::string("none")}};
+  auto op = [&](const std::string& cfg) {
+    return [&, cfg](int i) {
+      RunOp(host, {{"x", Dev({M, K}, x)}, {"weight", Dev({rows, K}, ws[i % copies])}}, {{"y", Dev({M, rows}, y)}},
+            cfg);
+    };
+  };
+  const std::string shape = std::string(name) + " M=" + std::to_string(M) + " N=" + std::to_string(rows) +
+                            " K=" + std::to_string(K);
+  auto gbs = [&](double us) { return static_cast<double>(wbytes) / (us * 1e-6) / 1e9; };
+  auto add = [&](const std::string& impl, double us, const std::string& vs) {
+    Add({"6", "decode_gemm", shape, impl, us, gbs(us), "GB/s", 100.0 * gbs(us) / g_copy_gbs, vs});
+  };
+  double best_lt = 1e30;
+  std::string best_lt_cfg;
+  for (const std::string& cfg : CudaCandidates("linear", DType::kBF16, {M, rows, K})) {
+    const double u = GraphUs(op(cfg), 20);
+    if (cfg.compare(0, 2, "p0") == 0) {  // cuBLASLt algorithm: keep the best
+      if (u < best_lt) best_lt = u, best_lt_cfg = cfg;
+    } else {
+      add("ours (" + cfg + ")", u, "");
+    }
+  }
+  if (!best_lt_cfg.empty()) add("best cuBLASLt (" + best_lt_cfg + ")", best_lt, "");
+  if (swiglu && cuda::SkinnyGemmSupported(DType::kBF16, M, N, K, x, ws[0])) {
+    const double u = GraphUs(
+        [&](int i) {
+          BENCH_CHECK(cuda::LaunchSkinnySwiglu(DType::kBF16, M, K, N, x, ws[i % copies], y, g_stream).ok()
+                          ? cudaSuccess
+                          : cudaErrorUnknown);
+        },
+        20);
+    add("skinny SwiGLU (fused)", u, Fmt("%.2fx best cuBLASLt", best_lt / u));
+  }
+  FreeAll();
+}
+
 }  // namespace
 }  // namespace fusedserve
 
@@ -651,6 +740,17 @@ int main(int argc, char** argv) {
     SwigluMlp(lt, 16, 136);
     SwigluMlp(lt, 256, 169);
     SwigluMlp(lt, 4096, 1971);
+  }
+  if (only.rfind("decode_gemm", 0) == 0) {  // "decode_gemm" or "decode_gemm:M" (one row count, for a profiler)
+    std::vector<int64_t> ms = {16, 32, 48, 64};
+    if (only.size() > 12) ms = {std::atol(only.c_str() + 12)};
+    for (int64_t M : ms) {
+      DecodeGemm(M, "qkv", 3072, 2048, false);
+      DecodeGemm(M, "o_proj", 2048, 2048, false);
+      DecodeGemm(M, "gate_up", 8192, 2048, true);
+      DecodeGemm(M, "down", 2048, 8192, false);
+      DecodeGemm(M, "lm_head", 128256, 2048, false);
+    }
   }
   if (only.rfind("prefill:", 0) == 0) {  // "prefill:B:S", one shape (for a profiler)
     int64_t b = 0, sl = 0;

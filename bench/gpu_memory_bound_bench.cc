@@ -201,23 +201,12 @@ ConfigResult TimeConfig(const OpRequest& r, const std::vector<DeviceTensorMap>& 
     return res;
   }
   BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  std::vector<double> us;
-  const int reps = k >= 2000 ? 7 : 12;
-  for (int rep = 0; rep < reps; ++rep) {
-    BENCH_CHECK(cudaEventRecord(e0, stream));
-    BENCH_CHECK(cudaGraphLaunch(exec, stream));
-    BENCH_CHECK(cudaEventRecord(e1, stream));
-    BENCH_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (rep >= 2) us.push_back(t * 1e3 / k);
-  }
+  res.us = bench::GraphReplayUs(stream, exec, k, k >= 2000 ? 5 : 10);
   BENCH_CHECK(cudaGetLastError());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  res.us = Median(us);
   return res;
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/skinny_hopper.h"
 
 namespace fusedserve {
 namespace cuda {
@@ -28,7 +29,11 @@ std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, in
   const int n = std::max(1, cuda::GemmAlgoCount(dtype, M, N, K));
   for (int i = 0; i < n; ++i) c.push_back({LinearPath::kGemm, i});
   if (GemvShape(dtype, M, K)) c.push_back({LinearPath::kGemv, 0});
-  if (SkinnyGemmShape(dtype, M, N, K)) c.push_back({LinearPath::kSkinny, 0});
+  if (SkinnyGemmShape(dtype, M, N, K)) {
+    c.push_back({LinearPath::kSkinny, 0});
+    // algo 1: the Hopper skinny kernel below the row count where it is the default.
+    if (M > kGemvAutoMaxM && M <= kSkinnyNarrowMaxM && SkinnyHopperAvailable()) c.push_back({LinearPath::kSkinny, 1});
+  }
   return c;
 }
 
@@ -39,10 +44,12 @@ CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaSt
       g.bias == nullptr && g.act == Activation::kNone && cuda::SkinnyGemmSupported(g.dtype, g.M, g.N, g.K, g.x, g.w);
   if (c.path == LinearPath::kGemv && gemv_ok) return cuda::LaunchGemv(g, stream);
   if (c.path == LinearPath::kSkinny && skinny_ok)
-    return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+    return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream, c.algo == 1);
   if (c.path != LinearPath::kGemm) {  // the built-in rule
     if (gemv_ok && g.M <= kGemvAutoMaxM) return cuda::LaunchGemv(g, stream);
-    if (skinny_ok) return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+    if (skinny_ok && cuda::SkinnyGemmByDefault(g.M)) {
+      return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
+    }
   }
   return cuda::GemmForward(g, c.path == LinearPath::kGemm ? c.algo : 0, stream);
 }

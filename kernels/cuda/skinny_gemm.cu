@@ -15,6 +15,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/skinny_hopper.h"
 
 namespace fusedserve::cuda {
 namespace {
@@ -206,8 +207,18 @@ CudaStatus LaunchDtype(DType dtype, const SkinnyParams& p, cudaStream_t stream) 
 }  // namespace
 
 bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K) {
-  return (dtype == DType::kBF16 || dtype == DType::kF16) && M > 0 && M <= kSkinnyMaxM && N > 0 && N % 16 == 0 &&
-         K > 0 && K % 32 == 0;
+  const int64_t max_m = SkinnyHopperAvailable() ? kSkinnyMaxM : kSkinnyNarrowMaxM;
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && M > 0 && M <= max_m && N > 0 && N % 16 == 0 && K > 0 &&
+         K % 32 == 0;
+}
+
+bool SkinnyGemmByDefault(int64_t M) {
+  // FUSEDSERVE_SKINNY_WIDE=1: the Hopper kernel by default up to kSkinnyMaxM (A/B runs).
+  static const bool wide = [] {
+    const char* e = std::getenv("FUSEDSERVE_SKINNY_WIDE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return M <= (wide ? kSkinnyMaxM : kSkinnyNarrowMaxM);
 }
 
 bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
@@ -215,8 +226,11 @@ bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const voi
 }
 
 CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool hopper) {
   if (!SkinnyGemmSupported(dtype, M, N, K, x, w)) return CudaStatus::Unsupported("skinny GEMM: unsupported problem");
+  if (M > kSkinnyNarrowMaxM || (hopper && SkinnyHopperAvailable())) {
+    return LaunchSkinnyHopper(dtype, M, N, K, x, w, y, stream);
+  }
   return LaunchDtype<false>(dtype, SkinnyParams{x, w, y, M, N, K, SkinnyPrefetch()}, stream);
 }
 
@@ -225,6 +239,7 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
   if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up)) {
     return CudaStatus::Unsupported("skinny SwiGLU: unsupported problem");
   }
+  if (M > kSkinnyNarrowMaxM) return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream);
   return LaunchDtype<true>(dtype, SkinnyParams{x, gate_up, h, M, I, D, SkinnyPrefetch()}, stream);
 }
 

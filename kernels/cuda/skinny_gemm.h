@@ -1,5 +1,7 @@
-// GEMMs with a few token rows (kGemvMaxM < M <= kSkinnyMaxM: the decode step
-// of 9 to 32 sequences) on tensor cores. Like the GEMV, they are bound by
+// GEMMs with a few token rows (kGemvAutoMaxM < M <= kSkinnyMaxM: the decode
+// step of 5 to 64 sequences) on tensor cores. Above kSkinnyNarrowMaxM rows
+// (or when asked) the Hopper kernel of skinny_hopper.h runs instead: this
+// file's kernel re-reads x per warp, which costs more than the weights there. Like the GEMV, they are bound by
 // reading the weights once; cuBLASLt at these shapes starts too few CTAs
 // (64 to 128 for a 2048-wide output) to keep HBM busy. Each warp streams a
 // 16-row weight tile with 16-byte loads straight into mma.sync fragments
@@ -18,17 +20,26 @@
 
 namespace fusedserve::cuda {
 
-constexpr int64_t kSkinnyMaxM = 32;
+constexpr int64_t kSkinnyMaxM = 64;        // with the Hopper kernel (compute capability 9.0)
+constexpr int64_t kSkinnyNarrowMaxM = 32;  // this file's kernel; the limit elsewhere
 
-// bf16/fp16, M <= kSkinnyMaxM, N (output features) a multiple of 16, K a
-// multiple of 32, x and w 16-byte aligned.
+// bf16/fp16, M <= kSkinnyNarrowMaxM (kSkinnyMaxM on a Hopper device), N
+// (output features) a multiple of 16, K a multiple of 32, x and w 16-byte
+// aligned.
 bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w);
 // SkinnyGemmSupported's shape rules alone (pointers aside): where it is a tuning candidate.
 bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K);
+// Whether the built-in rule (no tuned config) takes the skinny GEMM at M
+// rows: up to kSkinnyNarrowMaxM. Above it cuBLASLt stays the default: on the
+// H100 the Hopper kernel is 0.7-0.98x cuBLASLt there (bench/notes/
+// decode_fusion.md) and only a tuning candidate; FUSEDSERVE_SKINNY_WIDE=1
+// makes it the default up to kSkinnyMaxM (A/B runs).
+bool SkinnyGemmByDefault(int64_t M);
 
-// y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
+// y = x . w^T.   x [M,K]; w [N,K]; y [M,N]. hopper: the Hopper kernel also
+// at M <= kSkinnyNarrowMaxM (a tuning candidate) where it is available.
 CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool hopper = false);
 
 // h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up].
 //   x [M,D]; gate_up [2I,D]; h [M,I]   (SkinnyGemmSupported(dtype, M, I, D, ...))

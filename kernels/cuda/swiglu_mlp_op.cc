@@ -31,7 +31,7 @@ std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t
   std::vector<SwigluMlpConfig> c = {{LinearPath::kGemm}};
   if (GemvShape(dtype, M, D)) c.push_back({LinearPath::kGemv});
   if (SkinnyGemmShape(dtype, M, I, D)) c.push_back({LinearPath::kSkinny});
-  if (M > kSkinnyMaxM && HopperSwigluSupported(dtype, M, D, I, nullptr, nullptr, nullptr)) {
+  if (M > kSkinnyNarrowMaxM && HopperSwigluSupported(dtype, M, D, I, nullptr, nullptr, nullptr)) {
     c.push_back({LinearPath::kHopper});
   }
   return c;
@@ -50,7 +50,7 @@ LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const voi
   }
   if (c.path == LinearPath::kGemm || c.path == LinearPath::kHopper) return LinearPath::kGemm;
   if (gemv_ok && M <= kGemvAutoMaxM) return LinearPath::kGemv;
-  return skinny_ok ? LinearPath::kSkinny : LinearPath::kGemm;
+  return skinny_ok && cuda::SkinnyGemmByDefault(M) ? LinearPath::kSkinny : LinearPath::kGemm;
 }
 
 }  // namespace

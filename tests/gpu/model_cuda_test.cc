@@ -395,14 +395,19 @@ TEST_P(ModelCudaTest, FusedDecodeMatchesUnfused) {
   }
 }
 
-// Decode steps of 12 and 24 sequences: more rows than the GEMV takes, so
-// (bf16 configs) the projections run on the tensor-core skinny GEMM.
+// Decode steps of 12, 24 and 48 sequences: more rows than the GEMV takes, so
+// (bf16 configs) the projections run on the tensor-core skinny GEMM (48: its
+// configs forced, since cuBLASLt is the default there: the Hopper kernel of
+// skinny_hopper.h on a compute capability 9.0 device, cuBLASLt elsewhere).
 // Logits of every decode step against the CPU runner.
 TEST_P(ModelCudaTest, DecodeBatchesOnTheSkinnyPath) {
   const ModelConfig c = Config();
   const int64_t bs = 16;
-  for (int64_t B : {12, 24}) {
-    Pair p = MakePair(c, 4 * B, bs);
+  for (int64_t B : {12, 24, 48}) {
+    ConfigLookup skinny = [](const std::string& op, DType, const std::vector<int64_t>&) -> std::string {
+      return op == "linear" ? "p2.a0" : op == "swiglu_mlp" ? "p2" : "";
+    };
+    Pair p = MakePair(c, 4 * B, bs, /*graphs=*/true, B > 32 ? skinny : nullptr);
     ASSERT_TRUE(p.gpu != nullptr);
     std::mt19937 rng(static_cast<unsigned>(B));
     std::vector<Seq> seqs(B);

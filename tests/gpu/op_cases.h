@@ -69,12 +69,13 @@ inline std::vector<OpCase> OpCases() {
     add("rope", {t, 3, 1, 6});  // D/2 = 3: scalar path
   }
   add("rope", {5, 2, 2, 128}, {{"theta", 10000.0}});
-  // linear: GEMV rows (M <= 8), cuBLASLt rows, odd N and K (K % 8 != 0: no GEMV).
-  for (int64_t m : {1, 3, 17, 1000}) {
+  // linear: GEMV rows (M <= 8), skinny rows (17; 40: the Hopper kernel),
+  // cuBLASLt rows, odd N and K (K % 8 != 0: no GEMV).
+  for (int64_t m : {1, 3, 17, 40, 1000}) {
     for (auto [n, k] : {std::pair<int64_t, int64_t>{256, 512}, {1001, 520}, {1000, 517}, {7, 33}})
       add("linear", {m, n, k});
   }
-  for (int64_t m : {1, 3, 17, 300}) {
+  for (int64_t m : {1, 3, 17, 48, 300}) {
     add("swiglu_mlp", {m, 256, 688});
     add("swiglu_mlp", {m, 264, 500});
   }

@@ -43,6 +43,7 @@
 
 #include "kernels/cuda/attention_hopper.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/sm90a/hopper.cuh"
 
 namespace fusedserve::cuda {
 namespace {
@@ -103,24 +104,6 @@ __device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
 
 // ---- mbarrier and TMA -------------------------------------------------------
 
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
 // One box of a 3D map ({column, head, row} coordinates) into shared memory,
 // completing on `bar` with its byte count.
 __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
@@ -140,12 +123,6 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
 __device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 // Keeps the compiler from moving register reads/writes across an async
 // wgmma's issue or wait (its operands are live until the wait).
@@ -613,21 +590,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- host side ------------------------------------------------------------------
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda.
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();  // clear the error so later launch checks do not report it
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
 // A [T, H, D] tensor as a 3D map (column, head, row) with boxes of 64
 // columns x 1 head x `rows` rows, 128B-swizzled; rows past T read as zeros.
 CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int64_t T, int H, int D, int rows) {
@@ -687,35 +649,7 @@ CudaStatus LaunchDtype(const CUtensorMap& q, const CUtensorMap& k, const CUtenso
 
 }  // namespace
 
-namespace {
-// Per device: 0 not queried yet, else (SM count << 1) | (1 if Hopper 9.0).
-std::atomic<int> g_device_info[64];
-
-int DeviceInfo() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    cudaGetLastError();
-    return 0;
-  }
-  int v = g_device_info[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0, minor = 0, sms = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
-    if (!ok) {
-      cudaGetLastError();
-      return 0;
-    }
-    const bool hopper = major == 9 && minor == 0 && TensorMapEncoder() != nullptr;
-    v = (std::max(sms, 1) << 1) | (hopper ? 1 : 0);
-    g_device_info[dev].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-}  // namespace
-
-bool HopperAttentionAvailable() { return (DeviceInfo() & 1) != 0; }
+bool HopperAttentionAvailable() { return (HopperDeviceInfo() & 1) != 0; }
 
 bool HopperAttentionBuilt(const HopperKnobs& c) {
   if (c.stages == 3) return c.sched == 1 && c.stage_o;
@@ -751,7 +685,7 @@ CudaStatus LaunchAttentionHopper(const AttentionParams& a, const HopperKnobs& c,
   if (tiles > (int64_t{1} << 31) - 1) return CudaStatus::Error("attention_hopper: too many query tiles");
   const HopperParams hp{a.o, a.seq_lens, a.k_starts, a.B, a.Hq, a.Hq / a.Hkv, m_blocks, a.scale * kLog2e, a.causal};
   // Persistent: one CTA per SM (the shared memory allows no second).
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(1, DeviceInfo() >> 1))));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, std::max(1, HopperDeviceInfo() >> 1))));
   if (a.dtype == DType::kBF16) return LaunchDtype<__nv_bfloat16>(q, k, v, hp, grid, a.D, c, stream);
   return LaunchDtype<__half>(q, k, v, hp, grid, a.D, c, stream);
 }

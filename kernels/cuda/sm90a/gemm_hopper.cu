@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cuda/sm90a/hopper.cuh"
 #include "kernels/cuda/swiglu_hopper.h"
 
 namespace fusedserve::cuda {
@@ -39,36 +40,6 @@ constexpr int kSmemBytes = kStages * (kABytes + kBBytes) + kOutBytes + 2 * kStag
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-  }
-}
-
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void TmaLoad2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-      : "memory");
 }
 
 // The same box into this CTA and its cluster peer (same shared-memory
@@ -112,25 +83,6 @@ __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(bar), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
-// K-major operand in 128B-swizzled shared memory: rows of 128 bytes, 8-row
-// atoms 1024 bytes apart (stride byte offset); the leading byte offset is
-// unused for swizzled K-major layouts. A k-step of 16 elements (32 bytes)
-// inside the swizzle row advances the start address by 2 (units of 16 B).
-__device__ __forceinline__ uint64_t SmemDesc(uint32_t addr) {
-  uint64_t d = (addr & 0x3FFFF) >> 4;
-  d |= uint64_t{1} << 16;
-  d |= uint64_t{1024 >> 4} << 32;
-  d |= uint64_t{1} << 62;  // 128-byte swizzle
-  return d;
-}
-
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
 // Keeps the compiler from moving accumulator reads across the waits.
@@ -420,39 +372,9 @@ DeviceInfo* Info(int device) {
   return &d;
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 EncodeFn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      p = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A [rows, cols] row-major tensor moved in (box_rows) x (64 columns) boxes,
-// 128B-swizzled; out-of-bounds rows and columns read as zero and are not
-// written.
 CudaStatus MakeMap(CUtensorMap* map, DType dt, const void* base, int64_t rows, int64_t cols, int box_rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeFn();
-  if (encode == nullptr) return CudaStatus::Error("swiglu_hopper: cuTensorMapEncodeTiled is not available");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      encode(map, dt == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-             const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return CudaStatus::Error("swiglu_hopper: cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
-                             ") rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
-  }
-  return CudaStatus::Ok();
+  static_assert(kBK == 64, "EncodeRowMajorMap's boxes are 64 columns wide");
+  return EncodeRowMajorMap(map, dt, base, rows, cols, box_rows, "swiglu_hopper");
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -488,19 +410,8 @@ CudaStatus Launch(DeviceInfo* info, int di, const CUtensorMap& mx, const CUtenso
           !s.ok())
         return s;
       if (kCluster > 1) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = kCluster;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cfg.gridDim = dim3(kCluster * 66);
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = kSmemBytes;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
         int n = 0;
-        if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg)); !s.ok()) return s;
+        if (CudaStatus s = MaxActiveClusters(kernel, kCluster, kThreads, kSmemBytes, &n); !s.ok()) return s;
         info->max_clusters[di] = n;
       }
       info->prepared[di][kCluster - 1] = true;

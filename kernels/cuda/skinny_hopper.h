@@ -1,0 +1,57 @@
+// GEMMs of 33 to 64 token rows (decode steps of that many sequences) on
+// Hopper's wgmma fed by TMA (kernels/cuda/sm90a/skinny_hopper.cu; compute
+// capability 9.0 only, callers keep cuBLASLt as the fallback).
+//
+// Why a kernel of its own: at these shapes every GEMM streams its weights
+// once and does little math per byte. The register-fed skinny GEMM
+// (skinny_gemm.h) stops at 32 rows: above that its per-warp x fragments
+// (4x a weight tile's bytes per chunk at 64 rows) swamp L1 and registers
+// (measured: 0.4-0.5x cuBLASLt). cuBLASLt streams well (85-91% of copy
+// bandwidth on the large ones) but launches without programmatic dependent
+// launch, fills a wave only on the largest GEMMs, and leaves SwiGLU to a
+// separate pass. Here the weights are wgmma's A operand (64 output features
+// per consumer warpgroup) and x its B operand (the tokens, N = 64), both
+// K-major in 128B-swizzled shared memory; a producer warp keeps kStages
+// weight tiles in flight (the first ones issued before the PDL wait: they do
+// not depend on the previous kernel), K is split over a thread-block
+// cluster when the output alone would not fill the GPU, and the ranks' fp32
+// partials are added through distributed shared memory in rank order
+// (deterministic, no workspace). The SwiGLU form computes 64 gate and the
+// matching 64 up features per CTA and writes silu(g) * u.
+//
+// Measured on the H100 (bench/notes/decode_fusion.md): at 64 rows 0.93-0.98x
+// cuBLASLt on the large projections and 0.7-0.8x on the small ones, and the
+// decode step at B=64 3% slower than with cuBLASLt, so it is a tuning
+// candidate, not the default; at 16-32 rows it beats the narrow kernel on the
+// LM head (2-4%).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/dtype.h"
+
+namespace fusedserve::cuda {
+
+constexpr int64_t kSkinnyHopperMaxM = 64;
+
+// The current device is compute capability 9.0 (and the TMA encoder exists).
+bool SkinnyHopperAvailable();
+
+// bf16/fp16, 1 <= M <= kSkinnyHopperMaxM, K a multiple of 8 (TMA row
+// strides), 16-byte aligned pointers (null pointers are accepted for
+// shape-only queries), on a SkinnyHopperAvailable() device.
+bool SkinnyHopperSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w);
+
+// y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
+CudaStatus LaunchSkinnyHopper(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                              cudaStream_t stream);
+
+// h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up].
+//   x [M,D]; gate_up [2I,D]; h [M,I]   (SkinnyHopperSupported(dtype, M, I, D, ...))
+CudaStatus LaunchSkinnyHopperSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                                    void* h, cudaStream_t stream);
+
+}  // namespace fusedserve::cuda

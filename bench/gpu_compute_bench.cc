@@ -149,9 +149,10 @@ double BackToBackUs(const std::function<void(int)>& fn, int n) {
   BENCH_CHECK(cudaStreamSynchronize(g_stream));
   std::vector<double> us;
   for (int r = 0; r < 5; ++r) {
-    us.push_back(bench::EventUs(g_stream, [&] {
-                   for (int i = 0; i < n; ++i) fn(i);
-                 }) /
+    us.push_back(bench::EventUs(g_stream,
+                                [&] {
+                                  for (int i = 0; i < n; ++i) fn(i);
+                                }) /
                  n);
   }
   return bench::Median(us);
@@ -504,9 +505,10 @@ void GemmAlgos(int64_t M, int64_t N, int64_t K, cublasLtEpilogue_t epi) {
     const std::vector<double> us = TimeUs(fns, 10);
     for (int i = 0; i < found; ++i) {
       // Back to back: 10 launches between two events.
-      const double ms = bench::EventUs(g_stream, [&] {
-                          for (int k = 0; k < 10; ++k) fns[i](k);
-                        }) *
+      const double ms = bench::EventUs(g_stream,
+                                       [&] {
+                                         for (int k = 0; k < 10; ++k) fns[i](k);
+                                       }) *
                         1e-3;
       const cublasLtMatmulAlgo_t& a = r[i].algo;
       std::printf(
@@ -669,12 +671,11 @@ void DecodeGemm(int64_t M, const char* name, int64_t N, int64_t K, bool swiglu) 
   host.attrs = {{"activation", std::string("none")}};
   auto op = [&](const std::string& cfg) {
     return [&, cfg](int i) {
-      RunOp(host, {{"x", Dev({M, K}, x)}, {"weight", Dev({rows, K}, ws[i % copies])}}, {{"y", Dev({M, rows}, y)}},
-            cfg);
+      RunOp(host, {{"x", Dev({M, K}, x)}, {"weight", Dev({rows, K}, ws[i % copies])}}, {{"y", Dev({M, rows}, y)}}, cfg);
     };
   };
-  const std::string shape = std::string(name) + " M=" + std::to_string(M) + " N=" + std::to_string(rows) +
-                            " K=" + std::to_string(K);
+  const std::string shape =
+      std::string(name) + " M=" + std::to_string(M) + " N=" + std::to_string(rows) + " K=" + std::to_string(K);
   auto gbs = [&](double us) { return static_cast<double>(wbytes) / (us * 1e-6) / 1e9; };
   auto add = [&](const std::string& impl, double us, const std::string& vs) {
     Add({"6", "decode_gemm", shape, impl, us, gbs(us), "GB/s", 100.0 * gbs(us) / g_copy_gbs, vs});

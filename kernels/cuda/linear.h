@@ -35,7 +35,8 @@ struct LinearConfig {
 // The built-in rule's row limits: the GEMV (weight streaming on CUDA cores,
 // launched as a programmatic dependent of the previous kernel) up to
 // kGemvAutoMaxM rows, the tensor-core skinny GEMM up to cuda::kSkinnyNarrowMaxM
-// (skinny_gemm.h), cuBLASLt beyond. Measured on the H100: swiglu_mlp M=1
+// (skinny_gemm.h) and on Hopper for some shapes up to kSkinnyMaxM
+// (SkinnyGemmByDefault), cuBLASLt beyond. Measured on the H100: swiglu_mlp M=1
 // D=4096 I=14336 129-131 us through the fused SwiGLU GEMV against 131-132 us
 // for cuBLASLt's two GEMMs alone; above 4 rows the FMA work per weight byte
 // grows and tensor cores take over. The tuner may pick any candidate that

@@ -30,11 +30,15 @@ bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const voi
 // SkinnyGemmSupported's shape rules alone (pointers aside): where it is a tuning candidate.
 bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K);
 // Whether the built-in rule (no tuned config) takes the skinny GEMM at M
-// rows: up to kSkinnyNarrowMaxM. Above it cuBLASLt stays the default: on the
-// H100 the Hopper kernel is 0.7-0.98x cuBLASLt there (bench/notes/
-// decode_fusion.md) and only a tuning candidate; FUSEDSERVE_SKINNY_WIDE=1
-// makes it the default up to kSkinnyMaxM (A/B runs).
-bool SkinnyGemmByDefault(int64_t M);
+// rows of reduction length K (swiglu: the fused SwiGLU gate): always up to
+// kSkinnyNarrowMaxM; above it, on Hopper, for the SwiGLU gate (it saves the
+// separate SiLU*mul pass) and for K >= 4096 (cuBLASLt adds a split-K reduce
+// kernel there), cuBLASLt for the rest. Measured on the H100, llama-3.2-1b
+// decode at B=64: 1.47 ms a step against 1.51 with cuBLASLt everywhere and
+// 1.55 with the Hopper kernel everywhere (bench/notes/decode_fusion.md).
+// FUSEDSERVE_SKINNY_WIDE=0 / 1: cuBLASLt / the Hopper kernel for every
+// projection above kSkinnyNarrowMaxM rows (A/B runs).
+bool SkinnyGemmByDefault(int64_t M, int64_t K, bool swiglu);
 
 // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]. hopper: the Hopper kernel also
 // at M <= kSkinnyNarrowMaxM (a tuning candidate) where it is available.

@@ -20,10 +20,11 @@
 // matching 64 up features per CTA and writes silu(g) * u.
 //
 // Measured on the H100 (bench/notes/decode_fusion.md): at 64 rows 0.93-0.98x
-// cuBLASLt on the large projections and 0.7-0.8x on the small ones, and the
-// decode step at B=64 3% slower than with cuBLASLt, so it is a tuning
-// candidate, not the default; at 16-32 rows it beats the narrow kernel on the
-// LM head (2-4%).
+// cuBLASLt on the large projections alone and 0.7-0.8x on the small ones; in
+// the decode step it wins where it saves a kernel (the SwiGLU gate: no
+// separate SiLU*mul; down: no split-K reduce), so the built-in rule takes it
+// there only (skinny_gemm.h: SkinnyGemmByDefault), and it is a tuning
+// candidate everywhere else from 5 rows up.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -74,9 +74,8 @@ void Check(DType dt, int64_t M, int64_t N, int64_t K, bool swiglu, bool hopper =
     }
   }
   const double e = RelErrorNorm(got.data(), want.data(), static_cast<int64_t>(got.size()));
-  EXPECT_LT(e, dt == DType::kBF16 ? 8e-3 : 2e-3)
-      << DTypeName(dt) << " M=" << M << " N=" << N << " K=" << K << (swiglu ? " swiglu" : "")
-      << (hopper ? " hopper" : "");
+  EXPECT_LT(e, dt == DType::kBF16 ? 8e-3 : 2e-3) << DTypeName(dt) << " M=" << M << " N=" << N << " K=" << K
+                                                 << (swiglu ? " swiglu" : "") << (hopper ? " hopper" : "");
 }
 
 TEST(SkinnyGemmTest, MatchesCpuReference) {

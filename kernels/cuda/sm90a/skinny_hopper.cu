@@ -31,13 +31,13 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kBK = 64;        // k elements per tile: one 128-byte swizzle row
+constexpr int kBK = 64;         // k elements per tile: one 128-byte swizzle row
 constexpr int kFeatures = 128;  // weight rows per CTA: two consumer warpgroups x 64
 constexpr int kTokens = 64;     // wgmma N: token rows of x (M <= 64)
 constexpr int kStages = 6;
 constexpr int kThreads = 384;
-constexpr int kMaxRanks = 8;  // cluster size limit (portable)
-constexpr int kBoxBytes = 64 * kBK * 2;               // one 64-row box: 8 KiB
+constexpr int kMaxRanks = 8;                            // cluster size limit (portable)
+constexpr int kBoxBytes = 64 * kBK * 2;                 // one 64-row box: 8 KiB
 constexpr int kStageBytes = 2 * kBoxBytes + kBoxBytes;  // weights (2 boxes) + x
 constexpr int kPartialStride = kFeatures + 4;           // floats per token row of the fp32 tile
 constexpr int kPartialBytes = kTokens * kPartialStride * 4;
@@ -78,10 +78,10 @@ __device__ __forceinline__ void Wgmma64<__half>(float (&d)[32], uint64_t a, uint
 // clang-format on
 
 struct SkinnyHopperParams {
-  void* y;                 // [M, N_out]
-  int M, N_out;            // N_out: output features (plain N, SwiGLU I)
-  int k_tiles_per_rank;    // K tiles of 64 per cluster rank
-  int k_tiles;             // of the whole K
+  void* y;               // [M, N_out]
+  int M, N_out;          // N_out: output features (plain N, SwiGLU I)
+  int k_tiles_per_rank;  // K tiles of 64 per cluster rank
+  int k_tiles;           // of the whole K
 };
 
 // map_lo / map_hi: the weight rows of consumer warpgroups 1 / 2 (plain: both
@@ -258,7 +258,8 @@ template <typename T, bool kSwiglu>
 CudaStatus Launch(const CUtensorMap& mx, const CUtensorMap& mlo, const CUtensorMap& mhi, int64_t M, int64_t N_out,
                   int64_t K, void* y, cudaStream_t stream) {
   auto kernel = SkinnyHopperKernel<T, kSwiglu>;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  if (CudaStatus s =
+          FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
       !s.ok())
     return s;
   const int sms = HopperDeviceInfo() >> 1;

@@ -760,10 +760,16 @@ bool UseHopper(DType dtype, int D) { return HopperAttentionSupports(dtype, D) &&
 
 AttentionConfig DefaultAttentionConfig(const AttentionParams& a, int sm_count) {
   if (UseHopper(a.dtype, a.D)) {
-    // Measured (bench/notes/attention_hopper.md): ping-pong (o2) wins up to
-    // S=2048 (B=4 S=512: 41.3 vs 44.0 us), plain overlap (o1) on long
-    // sequences (B=4 S=8192: 3555 vs 3744 us).
+    // Measured (bench/notes/attention_hopper.md): ping-pong (o2) wins at
+    // S=2048 and when short sequences fill at most one wave (B=1 S=512),
+    // plain overlap (o1) on long sequences (B=4 S=8192: 3555 vs 3744 us), and
+    // the in-order schedule (o0) on short sequences over several waves (B=4
+    // S=512: 33.6-34.0 vs 36.0-36.3 us for o2 in four runs), where a CTA's
+    // few key tiles leave nothing to overlap (not for a chunk after cached
+    // keys: its tiles may have many).
     AttentionConfig h = HopperDefault();
+    const int64_t tiles = static_cast<int64_t>((a.max_seqlen + 127) / 128) * a.Hq * a.B;
+    if (a.max_seqlen <= 512 && a.k_starts == nullptr && tiles > sm_count) h.hopper_sched = 0;
     if (a.max_seqlen >= 4096) h.hopper_sched = 1;
     return h;
   }

@@ -1,13 +1,14 @@
 // GEMMs with a few token rows (kGemvAutoMaxM < M <= kSkinnyMaxM: the decode
-// step of 5 to 64 sequences) on tensor cores. Above kSkinnyNarrowMaxM rows
-// (or when asked) the Hopper kernel of skinny_hopper.h runs instead: this
-// file's kernel re-reads x per warp, which costs more than the weights there. Like the GEMV, they are bound by
-// reading the weights once; cuBLASLt at these shapes starts too few CTAs
+// step of 5 to 64 sequences) on tensor cores. Like the GEMV, they are bound
+// by reading the weights once; cuBLASLt at these shapes starts too few CTAs
 // (64 to 128 for a 2048-wide output) to keep HBM busy. Each warp streams a
 // 16-row weight tile with 16-byte loads straight into mma.sync fragments
 // (the K order within a 32-wide chunk is permuted alike in both operands,
 // so no shared-memory staging), up to 8 warps split K and add up through
-// shared memory. The SwiGLU form fuses gate, up and silu(g) * u.
+// shared memory. The SwiGLU form fuses gate, up and silu(g) * u. Above
+// kSkinnyNarrowMaxM rows (or when asked) the Hopper kernel of
+// skinny_hopper.h runs instead: this file's kernel re-reads x per warp,
+// which costs more than the weights there.
 // Plain C++ header; kernels in skinny_gemm.cu.
 #pragma once
 

@@ -5,9 +5,9 @@
 //      B token ids copied back: what the engine pays per greedy step).
 //   2. the same model through the Engine (scheduler, continuous batching,
 //      sampling, sinks): B requests submitted at once, time per output token.
-//   3. one llama-3-8b layer: prefill B=2 S=2048 and decode B=1 ctx=2048,
-//      timed as Forward(2 layers) - Forward(1 layer) (embedding, LM head and
-//      copies cancel).
+//   3. one llama-3-8b layer: prefill B=2 S=2048, decode B=1 ctx=2048 and
+//      decode B=64 ctx=128, timed as Forward(2 layers) - Forward(1 layer)
+//      (embedding, LM head and copies cancel).
 // Floor: bytes a step must read (every weight once, the tied embedding read
 // by the LM head, the K/V of B x ctx positions over all layers) at the
 // device-to-device copy bandwidth measured in the same run (read + write),
@@ -323,15 +323,17 @@ void EngineTable(const ModelConfig& c, double bw) {
 void Layer8bTable(double bw) {
   ModelConfig c = *PresetConfig("llama-3-8b");
   c.vocab = 256;  // the LM head cancels in the difference anyway
-  const int64_t bs = 16, per_seq = 2048 / bs + 1;
-  double prefill[2], decode[2];
+  const int64_t bs = 16, per_seq = 2048 / bs + 1, per_seq64 = 128 / bs + 1;
+  double prefill[2], decode[2], decode64[2];
   for (int layers = 1; layers <= 2; ++layers) {
     c.layers = layers;
-    std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, 2 * per_seq + 16, bs);
+    std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, std::max(2 * per_seq, 64 * per_seq64) + 16, bs);
     Batch pre(2, 0, 2048, per_seq, c.vocab);
     prefill[layers - 1] = MedianForwardMs(*r, pre.seqs, 20);
     Batch dec(1, 2047, 1, per_seq, c.vocab);
     decode[layers - 1] = MedianForwardMs(*r, dec.seqs);
+    Batch dec64(64, 127, 1, per_seq64, c.vocab);  // 64 sequences: the skinny / cuBLASLt rows
+    decode64[layers - 1] = MedianForwardMs(*r, dec64.seqs);
   }
   // One layer's weights (bf16) and, for decode, its K/V of 2048 positions.
   c.layers = 1;
@@ -344,6 +346,9 @@ void Layer8bTable(double bw) {
   std::printf("prefill B=2 S=2048: %.3f ms (%.0f TFLOP/s)\n", pf_ms, pf_flops / (pf_ms * 1e-3) / 1e12);
   std::printf("decode B=1 ctx=2048: %.1f us (floor %.1f us at copy bandwidth, %.1f%%)\n", dc_ms * 1e3,
               (layer_w + kv) / bw * 1e6, 100.0 * (layer_w + kv) / bw * 1e3 / dc_ms);
+  const double dc64_ms = decode64[1] - decode64[0], kv64 = 64 * 128.0 * c.kv_dim() * 2 * 2;
+  std::printf("decode B=64 ctx=128: %.1f us (floor %.1f us at copy bandwidth, %.1f%%)\n", dc64_ms * 1e3,
+              (layer_w + kv64) / bw * 1e6, 100.0 * (layer_w + kv64) / bw * 1e3 / dc64_ms);
 }
 
 // The whole llama-3-8b preset split over N GPUs. Decode: 2 all-reduces of

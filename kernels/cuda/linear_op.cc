@@ -47,7 +47,7 @@ CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaSt
     return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream, c.algo == 1);
   if (c.path != LinearPath::kGemm) {  // the built-in rule
     if (gemv_ok && g.M <= kGemvAutoMaxM) return cuda::LaunchGemv(g, stream);
-    if (skinny_ok && cuda::SkinnyGemmByDefault(g.M, g.K, false)) {
+    if (skinny_ok && cuda::SkinnyGemmByDefault(g.M, g.N, g.K, false)) {
       return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
     }
   }

@@ -212,14 +212,14 @@ bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K) {
          K % 32 == 0;
 }
 
-bool SkinnyGemmByDefault(int64_t M, int64_t K, bool swiglu) {
+bool SkinnyGemmByDefault(int64_t M, int64_t N, int64_t K, bool swiglu) {
   static const int wide = [] {  // FUSEDSERVE_SKINNY_WIDE: 0 never, 1 always, else the rule below
     const char* e = std::getenv("FUSEDSERVE_SKINNY_WIDE");
     return e != nullptr && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
   }();
   if (M <= kSkinnyNarrowMaxM) return true;
   if (M > kSkinnyMaxM || wide == 0) return false;
-  return wide == 1 || swiglu || K >= 4096;
+  return wide == 1 || (swiglu ? SkinnyHopperOneWave(N, true) : K >= 4096 && N <= 2048);
 }
 
 bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w) {

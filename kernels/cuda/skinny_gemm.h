@@ -31,15 +31,19 @@ bool SkinnyGemmSupported(DType dtype, int64_t M, int64_t N, int64_t K, const voi
 // SkinnyGemmSupported's shape rules alone (pointers aside): where it is a tuning candidate.
 bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K);
 // Whether the built-in rule (no tuned config) takes the skinny GEMM at M
-// rows of reduction length K (swiglu: the fused SwiGLU gate): always up to
-// kSkinnyNarrowMaxM; above it, on Hopper, for the SwiGLU gate (it saves the
-// separate SiLU*mul pass) and for K >= 4096 (cuBLASLt adds a split-K reduce
-// kernel there), cuBLASLt for the rest. Measured on the H100, llama-3.2-1b
-// decode at B=64: 1.47 ms a step against 1.51 with cuBLASLt everywhere and
-// 1.55 with the Hopper kernel everywhere (bench/notes/decode_fusion.md).
+// rows, N output features and reduction length K (swiglu: the fused SwiGLU
+// gate, N = I): always up to kSkinnyNarrowMaxM; above it, on Hopper, for a
+// SwiGLU gate whose tiles fit in one wave (no separate SiLU*mul pass) and
+// for few output features over a long K (N <= 2048, K >= 4096: the Hopper
+// kernel's cluster split-K instead of cuBLASLt's split-K GEMM and reduce
+// kernel); cuBLASLt for the rest. Measured on the H100 at B=64
+// (bench/notes/decode_fusion.md): llama-3.2-1b's step 1.47-1.48 ms against
+// 1.50-1.52 with cuBLASLt everywhere (its gate and down both take it; down
+// alone lost) and 1.55 with the Hopper kernel everywhere; an 8B layer lost
+// 4% with its down (N = 4096) on it, so the 8B shapes keep cuBLASLt.
 // FUSEDSERVE_SKINNY_WIDE=0 / 1: cuBLASLt / the Hopper kernel for every
 // projection above kSkinnyNarrowMaxM rows (A/B runs).
-bool SkinnyGemmByDefault(int64_t M, int64_t K, bool swiglu);
+bool SkinnyGemmByDefault(int64_t M, int64_t N, int64_t K, bool swiglu);
 
 // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]. hopper: the Hopper kernel also
 // at M <= kSkinnyNarrowMaxM (a tuning candidate) where it is available.

@@ -41,6 +41,10 @@ constexpr int64_t kSkinnyHopperMaxM = 64;
 // The current device is compute capability 9.0 (and the TMA encoder exists).
 bool SkinnyHopperAvailable();
 
+// Whether the kernel's output tiles for N output features (SwiGLU: N = I)
+// fit in one wave of the current device (one CTA an SM) before any K split.
+bool SkinnyHopperOneWave(int64_t N, bool swiglu);
+
 // bf16/fp16, 1 <= M <= kSkinnyHopperMaxM, K a multiple of 8 (TMA row
 // strides), 16-byte aligned pointers (null pointers are accepted for
 // shape-only queries), on a SkinnyHopperAvailable() device.

@@ -313,6 +313,11 @@ CudaStatus LaunchDtype(DType dt, const CUtensorMap& mx, const CUtensorMap& mlo, 
 
 bool SkinnyHopperAvailable() { return (HopperDeviceInfo() & 1) != 0; }
 
+bool SkinnyHopperOneWave(int64_t N, bool swiglu) {
+  const int64_t out_per_cta = swiglu ? kFeatures / 2 : kFeatures;
+  return (N + out_per_cta - 1) / out_per_cta <= (HopperDeviceInfo() >> 1);
+}
+
 bool SkinnyHopperSupported(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && M >= 1 && M <= kSkinnyHopperMaxM && N >= 1 &&
          N < (int64_t{1} << 30) && K >= 8 && K % 8 == 0 && K < (int64_t{1} << 30) && Aligned16(x) && Aligned16(w) &&

@@ -172,6 +172,22 @@ void RunGroup(const std::vector<int>& devices) {
   }
 }
 
+// The group over every visible GPU, or in *skip why this host cannot have
+// one (no GPU, no NCCL library), in which case nothing is created.
+CudaStatus GroupOverEveryGpu(std::unique_ptr<cuda::NcclGroup>* g, std::string* skip) {
+  const int n = GpuCount();
+  if (n < 1) {
+    *skip = "no CUDA device";
+    return CudaStatus::Ok();
+  }
+  skip->clear();
+  if (!cuda::NcclAvailable(skip)) {
+    if (skip->empty()) *skip = "NCCL is not available";
+    return CudaStatus::Ok();
+  }
+  return cuda::NcclGroup::Create(FirstGpus(n), g);
+}
+
 TEST(NcclGroupTest, AllReduceOverOneGpu) {
   if (GpuCount() < 1) GTEST_SKIP() << "no CUDA device";
   RunGroup({0});
@@ -187,13 +203,12 @@ TEST(NcclGroupTest, AllReduceOverEveryGpu) {
 // loaders do) hold all-reduces like plain buffers, eager and in graphs; an
 // all-gather puts rank r's elements at r x count on every rank, bit for bit.
 TEST(NcclGroupTest, SymmetricWindowsAndAllGatherOverEveryGpu) {
-  const int n = GpuCount();
-  if (n < 1) GTEST_SKIP() << "no CUDA device";
-  std::string why;
-  if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
   std::unique_ptr<cuda::NcclGroup> g;
-  const CudaStatus created = cuda::NcclGroup::Create(FirstGpus(n), &g);
+  std::string skip;
+  const CudaStatus created = GroupOverEveryGpu(&g, &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
   ASSERT_TRUE(created.ok()) << created.message;
+  const int n = g->size();
   const size_t kBytes = size_t{4} << 20;
   std::vector<void*> windows(n, nullptr);
   std::vector<std::string> errors(n);
@@ -253,13 +268,12 @@ TEST(NcclGroupTest, SymmetricWindowsAndAllGatherOverEveryGpu) {
 // on every rank. Eager launches from one thread, then one graph per rank
 // replayed on fresh inputs.
 TEST(NcclGroupTest, FusedAllReduceAddNormOverEveryGpu) {
-  const int n = GpuCount();
-  if (n < 1) GTEST_SKIP() << "no CUDA device";
-  std::string why;
-  if (!cuda::NcclAvailable(&why)) GTEST_SKIP() << why;
   std::unique_ptr<cuda::NcclGroup> g;
-  const CudaStatus created = cuda::NcclGroup::Create(FirstGpus(n), &g);
+  std::string skip;
+  const CudaStatus created = GroupOverEveryGpu(&g, &skip);
+  if (!skip.empty()) GTEST_SKIP() << skip;
   ASSERT_TRUE(created.ok()) << created.message;
+  const int n = g->size();
   constexpr int64_t kMaxRows = 1024;  // a prefill's rows loop over a grid of resident blocks
   const float eps = 1e-5f;
   std::mt19937 rng(7);

@@ -28,7 +28,9 @@ int main(int argc, char** argv) {
     const char* op;
     std::vector<int64_t> key;
   };
-  for (const Case& c : {Case{"rms_norm", {1, 4096}}, Case{"rms_norm", {64, 4096}}, Case{"softmax", {1, 32000}},
+  for (const Case& c : {Case{"rms_norm", {1, 4096}}, Case{"rms_norm", {4, 4096}}, Case{"rms_norm", {8, 4096}},
+                        Case{"rms_norm", {16, 4096}}, Case{"rms_norm", {32, 4096}}, Case{"rms_norm", {64, 4096}},
+                        Case{"add_rms_norm", {8, 4096}}, Case{"softmax", {1, 32000}}, Case{"softmax", {8, 32000}},
                         Case{"linear", {1, 4096, 4096}}}) {
     OpRequest r = MakeRandomRequest(c.op, DType::kBF16, c.key, 1);
     std::vector<double> us;

@@ -6,7 +6,8 @@
 # interleaved rounds; prints the medians as a Markdown table.
 #   c=1:  sync client, one stream: p50/p99 latency;
 #   c=64: callback client, 8 connections: throughput, and the server's CPU
-#         time per request (all its threads, from /proc/PID/stat).
+#         time per request (all its threads, from /proc/PID/stat, and by
+#         thread name); then over one connection (CONN1=0 skips it).
 # Usage: [BASE=BASE_BINDIR] run_grpc_floor.sh BINDIR [ROUNDS] [SECONDS]
 #   BINDIR holds fusedserve, fusedserve_loadgen, fusedserve_grpc_floor_server
 #   (a build's bin folder, or a bundle-libs.sh bundle: then BINDIR/../env.sh
@@ -17,7 +18,9 @@
 #   SERVERS (env) picks the rows, e.g. SERVERS="echo-async fusedserve".
 #   FS_FLAGS (env) adds flags to every fusedserve row. Rows: echo-{sync,
 #   callback,async}[-health] (bare gRPC), echo-async-1cq (one queue, one
-#   thread), echo-async-sharedcq (one queue polled by every thread),
+#   thread), echo-async-4 (four queues and threads), echo-async-sharedcq
+#   (one queue polled by every thread), echo-{sync,async}-poll and
+#   fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
 #   fusedserve (this build's defaults), fusedserve-sharedcq (--grpc_cqs=1),
 #   fusedserve-{callback,sync,async} (--fused_op_api), fusedserve-nozc (CUDA
 #   without zero-copy), fusedserve-nobatch (--batching=false),
@@ -56,6 +59,9 @@ cmd[echo-async-health]="fusedserve_grpc_floor_server --model=async --threads=$co
 cmd[echo-async-1cq]="fusedserve_grpc_floor_server --model=async --threads=1"
 cmd[echo-async-sharedcq]="fusedserve_grpc_floor_server --model=async --threads=$cores --cqs=1"
 cmd[echo-async-spin]="fusedserve_grpc_floor_server --model=async --threads=2 --spin"
+cmd[echo-async-4]="fusedserve_grpc_floor_server --model=async --threads=4"
+cmd[echo-async-poll]="fusedserve_grpc_floor_server --model=async --threads=$cores"
+cmd[echo-sync-poll]="fusedserve_grpc_floor_server --model=sync"
 cmd[echo-async-args]="fusedserve_grpc_floor_server --model=async --threads=$cores --minimal_stack --bdp_probe=0 --max_concurrent_streams=256"
 fs="--listen=127.0.0.1:$port --metrics_listen=127.0.0.1:$mport --tuning_cache= --tune_at_startup=false ${FS_FLAGS:-}"
 cmd[fusedserve]="fusedserve $fs"
@@ -67,8 +73,20 @@ cmd[fusedserve-sharedcq]="fusedserve $fs --grpc_cqs=1"
 cmd[fusedserve-nobatch]="fusedserve $fs --batching=false"
 cmd[fusedserve-worker-answer]="fusedserve $fs --fused_op_answer_on_poller=false"
 cmd[fusedserve-protobuf]="fusedserve $fs --fused_op_wire_codec=false"
+cmd[fusedserve-4]="fusedserve $fs --grpc_pollers=4"
+cmd[fusedserve-poll]="fusedserve $fs"
+cmd[fusedserve-poll-zc]="fusedserve $fs"
+cmd[fusedserve-epoll1]="fusedserve $fs --grpc_poll_strategy=epoll1"
+cmd[fusedserve-epoll1-zc64k]="fusedserve $fs --grpc_poll_strategy=epoll1"
 declare -A envs
 envs[fusedserve-nozc]="FUSEDSERVE_ZERO_COPY=0"
+# gRPC's poll() engine: each queue's pollset polls only its own connections
+# (epoll1, the default, has one epoll set that any polling thread may read).
+envs[echo-async-poll]="GRPC_POLL_STRATEGY=poll"
+envs[echo-sync-poll]="GRPC_POLL_STRATEGY=poll"
+envs[fusedserve-poll]="GRPC_POLL_STRATEGY=poll"
+envs[fusedserve-epoll1-zc64k]="FUSEDSERVE_ZERO_COPY_BYTES=65536"  # the defaults before the poll engine
+envs[fusedserve-poll-zc]="GRPC_POLL_STRATEGY=poll FUSEDSERVE_ZERO_COPY_BYTES=1048576"
 cmd[fusedserve-base]="$fs"
 cmd[fusedserve-base-inline]="$fs --inline_max_bytes=262144"
 cmd[fusedserve-base-nobatch]="$fs --batching=false"
@@ -94,6 +112,13 @@ serve() {
 # line, which also counts threads that have exited (the sync API's pool).
 # (The comm field has no spaces for these binaries, so $14/$15 are utime/stime.)
 ticks() { awk '{print $14 + $15}' /proc/"$srv"/stat 2>/dev/null || echo 0; }
+# Per thread: TID NAME TICKS (a name's spaces as _), to split the c=64 CPU
+# time by thread name (fs-cq pollers, fs-batch workers, gRPC's own threads).
+thread_ticks() {
+  cat /proc/"$srv"/task/*/stat 2>/dev/null |
+    awk '{ i = index($0, "("); j = index($0, ") "); name = substr($0, i + 1, j - i - 1); gsub(/ /, "_", name)
+           split(substr($0, j + 2), f, " "); print $1, name, f[12] + f[13] }'
+}
 stop() {
   kill -TERM "$srv" 2>/dev/null
   wait "$srv" 2>/dev/null
@@ -120,11 +145,17 @@ for r in $(seq 1 "$rounds"); do
     metrics=""
     case $s in fusedserve*) metrics="--metrics=127.0.0.1:$mport" ;; esac
     t0=$(ticks)
+    thread_ticks > "$out/$s-threads0.txt"
     lg "$out/$s-c64.txt" --concurrency=64 $metrics
     t1=$(ticks)
+    thread_ticks > "$out/$s-threads1.txt"
     # Server CPU us per request at c=64 (the run's ok requests; clock ticks of 1/CLK_TCK s).
     tail -1 "$out/$s-c64.txt" | awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '$1 > 0 {printf "%.1f\n", t / hz * 1e6 / $1}' >> "$out/$s-c64-cpu.txt"
     case $s in fusedserve*) curl -s "127.0.0.1:$mport/metrics" > "$out/$s-c64-metrics.txt" ;; esac
+    # One connection (a client with one channel, as most are): gRPC reads a
+    # connection on one thread at a time, so this tests how the server
+    # spreads one connection's calls.
+    [ "${CONN1:-1}" = 1 ] && lg "$out/$s-c64x1.txt" --concurrency=64 --connections=1
     stop
     echo "round $r $s: c1 $(tail -1 "$out/$s-c1.txt" | awk '{print $4" us p50"}'), c64 $(tail -1 "$out/$s-c64.txt" | awk '{print $3" req/s"}')" >&2
   done
@@ -134,8 +165,8 @@ median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR 
 col() { awk -v c="$2" '{print $c}' "$1" | median; }
 echo "rms_norm bf16 [1,4096]; medians of $rounds interleaved rounds of $secs s; $(nproc) cores; $(uname -n)"
 echo
-echo "| server | answered by | c=1 p50 us | c=1 p99 us | c=1 p99/p50 | c=64 req/s | c=64 p50 us | c=64 p99 us | c=64 batch | c=64 server CPU us/req |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| server | answered by | c=1 p50 us | c=1 p99 us | c=1 p99/p50 | c=64 req/s | c=64 p50 us | c=64 p99 us | c=64 batch | c=64 server CPU us/req | c=64 one connection req/s |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for s in $servers; do
   [ -s "$out/$s-c1.txt" ] || continue
   p50=$(col "$out/$s-c1.txt" 4)
@@ -143,7 +174,8 @@ for s in $servers; do
   echo "| $s | $(sort -u "$out/$s-device.txt" | paste -sd/) | $p50 | $p99 | $(awk -v a="$p99" -v b="$p50" 'BEGIN{printf "%.2f", a/b}') |" \
     "$(col "$out/$s-c64.txt" 3) | $(col "$out/$s-c64.txt" 4) | $(col "$out/$s-c64.txt" 6) |" \
     "$( [ -s "$out/$s-c64-batch.txt" ] && col "$out/$s-c64-batch.txt" 1 || echo -) |" \
-    "$( [ -s "$out/$s-c64-cpu.txt" ] && col "$out/$s-c64-cpu.txt" 1 || echo -) |"
+    "$( [ -s "$out/$s-c64-cpu.txt" ] && col "$out/$s-c64-cpu.txt" 1 || echo -) |" \
+    "$( [ -s "$out/$s-c64x1.txt" ] && col "$out/$s-c64x1.txt" 3 || echo -) |"
 done
 
 # Issue 18's ratios, paired by round (each fusedserve row against the best
@@ -192,4 +224,16 @@ for s in $servers; do
                  a = v["a", st, "sum"] / ca * 1e6
                  b = cb > 0 ? sprintf("%8.2f", (v["b", st, "sum"] - v["a", st, "sum"]) / cb * 1e6) : "       -"
                  printf "  %-8s %8.2f | %s%s\n", st, a, b, st == "request" ? "  (server time, send excluded)" : "" } }'
+done
+
+# Server CPU at c=64 by thread name (last round), us per request.
+for s in $servers; do
+  [ -s "$out/$s-threads1.txt" ] || continue
+  n=$(tail -1 "$out/$s-c64.txt" | awk '{print $1}')
+  echo
+  echo "$s, c=64 server CPU by thread (us/request, last round):"
+  awk -v n="$n" -v hz="$(getconf CLK_TCK)" 'FNR == NR { t0[$1] = $3; next }
+       { d[$2] += $3 - ($1 in t0 ? t0[$1] : 0); k[$2]++ }
+       END { for (x in d) if (d[x] > 0 && n > 0) printf "  %-16s %3d threads %8.1f\n", x, k[x], d[x] / hz * 1e6 / n }' \
+    "$out/$s-threads0.txt" "$out/$s-threads1.txt" | sort -k4 -g -r
 done

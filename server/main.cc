@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -105,6 +106,11 @@ ABSL_FLAG(int, grpc_pollers, 0,
 ABSL_FLAG(int, grpc_cqs, 0,
           "--fused_op_api=async: completion queues the polling threads share (round robin); 0 = one per thread. "
           "Fewer queues than threads: the thread that reads a call from a socket more often serves it itself");
+ABSL_FLAG(std::string, grpc_poll_strategy, "poll",
+          "gRPC's I/O polling engine (the GRPC_POLL_STRATEGY environment variable wins when set): poll (each "
+          "completion queue's thread polls the connections it accepted, so the thread that reads a call serves it: "
+          "no hand-off between threads per call; see bench/run_grpc_floor.sh) or epoll1 (gRPC's default: one epoll "
+          "set any polling thread reads; for many thousands of connections); empty: gRPC's default");
 ABSL_FLAG(bool, fused_op_answer_on_poller, true,
           "--fused_op_api=async: a FusedOp run by a scheduler worker (queued, or merged into a batch) is answered "
           "(encoded and written) on its call's own polling thread, handed over through the queue, so the answers of "
@@ -509,7 +515,9 @@ absl::Status StartGrpc(FusedServeService& service, GrpcServer* g) {
     for (auto& cq : g->fused_op_cqs) cqs.push_back(cq.get());
     service.StartAsync(cqs, g->async_threads, g->health);
   }
-  LogInfo(absl::StrCat("listening on ", listen, " (port ", bound_port, "); warming up"));
+  const char* poll = std::getenv("GRPC_POLL_STRATEGY");
+  LogInfo(absl::StrCat("listening on ", listen, " (port ", bound_port, ", gRPC poll engine ",
+                       poll != nullptr ? poll : "default", "); warming up"));
   return absl::OkStatus();
 }
 
@@ -641,6 +649,10 @@ int main(int argc, char** argv) {
   if (mode != "serve" && mode != "tune") {
     std::fprintf(stderr, "fusedserve: unknown command '%s' (expected serve or tune)\n", mode.c_str());
     return 2;
+  }
+  // Read by gRPC at its first use, which comes later.
+  if (const std::string poll = absl::GetFlag(FLAGS_grpc_poll_strategy); !poll.empty()) {
+    setenv("GRPC_POLL_STRATEGY", poll.c_str(), /*overwrite=*/0);
   }
   const int code = fusedserve::Run(mode, lifecycle);
   // Everything is drained by now. Skip static destructors: civetweb's stop

@@ -1,0 +1,250 @@
+// The GPU's floor under a small FusedOp: how long one tiny op takes from the
+// host thread that has its inputs to the host thread seeing its outputs,
+// without gRPC or the backend's bookkeeping. Host clock, p50/p99/min of
+// `iterations` round trips each:
+//   launch+query      empty kernel, cudaStreamQuery spin (the launch floor)
+//   launch+sync       empty kernel, cudaStreamSynchronize (the driver's wait)
+//   zc+query          rms_norm of one bf16 row read from and written to
+//                     mapped pinned memory (zero-copy, the backend's path)
+//   zc+flag           the same, but the host spins on a flag the kernel sets
+//                     in mapped memory after its stores (no driver call)
+//   copy+query        H2D copy, the kernel on device memory, D2H copy
+//   resident          a kernel resident on one SM polls a doorbell in mapped
+//                     memory, runs the row and raises a done counter: no
+//                     launch at all (the floor of any launch-free design)
+//   gpu_roundtrip_bench [iterations] [cols]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "bench/bench_common.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float BlockSum(float v) {
+  __shared__ float part[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0;
+  for (int w = 0; w < kThreads / 32; ++w) s += part[w];
+  __syncthreads();
+  return s;
+}
+
+// One row of rms_norm: 16-byte loads, one pass over x and w.
+__device__ void RmsRow(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int cols) {
+  float ss = 0;
+  for (int c = threadIdx.x * 8; c < cols; c += kThreads * 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(x + c);
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+    for (int k = 0; k < 8; ++k) ss += __bfloat162float(h[k]) * __bfloat162float(h[k]);
+  }
+  const float inv = rsqrtf(BlockSum(ss) / cols + 1e-5f);
+  for (int c = threadIdx.x * 8; c < cols; c += kThreads * 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(x + c);
+    const uint4 g = *reinterpret_cast<const uint4*>(w + c);
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+    const __nv_bfloat16* gh = reinterpret_cast<const __nv_bfloat16*>(&g);
+    uint4 o;
+    __nv_bfloat16* oh = reinterpret_cast<__nv_bfloat16*>(&o);
+    for (int k = 0; k < 8; ++k) oh[k] = __float2bfloat16(__bfloat162float(h[k]) * inv * __bfloat162float(gh[k]));
+    *reinterpret_cast<uint4*>(y + c) = o;
+  }
+}
+
+__global__ void Empty() {}
+
+__global__ void RmsKernel(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int cols,
+                          volatile unsigned* flag, unsigned seq) {
+  RmsRow(x, w, y, cols);
+  if (flag != nullptr) {
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = seq;
+  }
+}
+
+// Resident: waits for doorbell == seq, runs the row, sets done = seq; stops on seq 0.
+__global__ void ResidentKernel(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int cols,
+                               volatile unsigned* doorbell, volatile unsigned* done) {
+  __shared__ unsigned seq;
+  for (unsigned expect = 1;; ++expect) {
+    if (threadIdx.x == 0) {
+      unsigned s;
+      while ((s = *doorbell) != expect && s != 0u) {
+      }
+      seq = s;
+    }
+    __syncthreads();
+    if (seq == 0u) return;
+    __threadfence_system();  // the doorbell's inputs are visible after it
+    RmsRow(x, w, y, cols);
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) *done = seq;
+  }
+}
+
+struct Stats {
+  double p50, p99, min;
+};
+
+template <typename Fn>
+Stats Time(int iters, Fn&& fn) {
+  std::vector<double> us;
+  for (int i = 0; i < iters + 200; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= 200) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us[us.size() * 99 / 100], us[0]};
+}
+
+void SpinQuery(cudaStream_t st) {
+  cudaError_t e;
+  while ((e = cudaStreamQuery(st)) == cudaErrorNotReady) {
+  }
+  BENCH_CHECK(e);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 5000;
+  const int cols = argc > 2 ? std::atoi(argv[2]) : 4096;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  BENCH_CHECK(cudaSetDevice(0));
+  cudaStream_t st;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const size_t row = cols * sizeof(__nv_bfloat16);
+  // Host side: x, w, y and two flags in one mapped pinned block, as the backend's staging.
+  char* host = nullptr;
+  BENCH_CHECK(cudaHostAlloc(&host, 3 * row + 256, cudaHostAllocMapped));
+  char* host_dev = nullptr;
+  BENCH_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0));
+  auto* hx = reinterpret_cast<__nv_bfloat16*>(host);
+  auto* hw = reinterpret_cast<__nv_bfloat16*>(host + row);
+  auto* hy = reinterpret_cast<__nv_bfloat16*>(host + 2 * row);
+  auto* flags = reinterpret_cast<volatile unsigned*>(host + 3 * row);
+  auto* dx = reinterpret_cast<__nv_bfloat16*>(host_dev);
+  auto* dw = reinterpret_cast<__nv_bfloat16*>(host_dev + row);
+  auto* dy = reinterpret_cast<__nv_bfloat16*>(host_dev + 2 * row);
+  auto* dflags = reinterpret_cast<volatile unsigned*>(host_dev + 3 * row);
+  for (int c = 0; c < cols; ++c) {
+    hx[c] = __float2bfloat16(std::sin(0.1f * c) + 0.5f);
+    hw[c] = __float2bfloat16(1.0f + 0.001f * (c % 7));
+  }
+  char* dev = nullptr;
+  BENCH_CHECK(cudaMalloc(&dev, 3 * row));
+  std::vector<char> input(2 * row), output(row);
+  std::memcpy(input.data(), host, 2 * row);
+
+  // The answer every variant must give (host reference, bf16 out).
+  std::vector<float> ref(cols);
+  double ss = 0;
+  for (int c = 0; c < cols; ++c) ss += double(__bfloat162float(hx[c])) * __bfloat162float(hx[c]);
+  const float inv = 1.0f / std::sqrt(float(ss / cols) + 1e-5f);
+  for (int c = 0; c < cols; ++c) ref[c] = __bfloat162float(hx[c]) * inv * __bfloat162float(hw[c]);
+  auto check = [&](const char* what, const __nv_bfloat16* y) {
+    double err = 0, norm = 0;
+    for (int c = 0; c < cols; ++c) {
+      const double d = __bfloat162float(y[c]) - ref[c];
+      err += d * d;
+      norm += double(ref[c]) * ref[c];
+    }
+    const double rel = std::sqrt(err / norm);
+    if (!(rel < 1e-2)) {
+      std::printf("%s: wrong result (rel. error %.3g)\n", what, rel);
+      std::exit(1);
+    }
+  };
+  auto poison = [&] { std::memset(host + 2 * row, 0xff, row); };
+
+  std::printf("# one bf16 row of %d columns (x, w in; y out: %zu bytes), %d round trips each\n", cols, 3 * row, iters);
+  std::printf("%-14s %8s %8s %8s\n", "variant", "p50_us", "p99_us", "min_us");
+  auto report = [](const char* name, Stats s) { std::printf("%-14s %8.1f %8.1f %8.1f\n", name, s.p50, s.p99, s.min); };
+
+  report("launch+query", Time(iters, [&](int) {
+           Empty<<<1, 32, 0, st>>>();
+           SpinQuery(st);
+         }));
+  report("launch+sync", Time(iters, [&](int) {
+           Empty<<<1, 32, 0, st>>>();
+           BENCH_CHECK(cudaStreamSynchronize(st));
+         }));
+  // Zero-copy, as the backend: inputs packed into the staging block first.
+  poison();
+  report("zc+query", Time(iters, [&](int) {
+           std::memcpy(host, input.data(), 2 * row);
+           RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, nullptr, 0);
+           SpinQuery(st);
+           std::memcpy(output.data(), hy, row);
+         }));
+  check("zc+query", hy);
+  poison();
+  report("zc+flag", Time(iters, [&](int i) {
+           const unsigned seq = static_cast<unsigned>(i) + 1;
+           std::memcpy(host, input.data(), 2 * row);
+           RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, dflags, seq);
+           while (flags[0] != seq) {
+           }
+           std::atomic_thread_fence(std::memory_order_acquire);
+           std::memcpy(output.data(), hy, row);
+         }));
+  check("zc+flag", hy);
+  BENCH_CHECK(cudaStreamSynchronize(st));
+  flags[0] = 0;
+  report("copy+query", Time(iters, [&](int) {
+           std::memcpy(host, input.data(), 2 * row);
+           BENCH_CHECK(cudaMemcpyAsync(dev, host, 2 * row, cudaMemcpyHostToDevice, st));
+           RmsKernel<<<1, kThreads, 0, st>>>(reinterpret_cast<__nv_bfloat16*>(dev),
+                                             reinterpret_cast<__nv_bfloat16*>(dev + row),
+                                             reinterpret_cast<__nv_bfloat16*>(dev + 2 * row), cols, nullptr, 0);
+           BENCH_CHECK(cudaMemcpyAsync(host + 2 * row, dev + 2 * row, row, cudaMemcpyDeviceToHost, st));
+           SpinQuery(st);
+           std::memcpy(output.data(), hy, row);
+         }));
+  check("copy+query", hy);
+
+  // Resident kernel: doorbell flags[0], done flags[1].
+  poison();
+  flags[0] = 0xffffffffu;  // nothing yet (not 0: 0 stops it)
+  flags[1] = 0;
+  ResidentKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, dflags, dflags + 1);
+  BENCH_CHECK(cudaGetLastError());
+  unsigned seq = 0;
+  report("resident", Time(iters, [&](int) {
+           ++seq;
+           std::memcpy(host, input.data(), 2 * row);
+           std::atomic_thread_fence(std::memory_order_release);
+           flags[0] = seq;
+           while (flags[1] != seq) {
+           }
+           std::atomic_thread_fence(std::memory_order_acquire);
+           std::memcpy(output.data(), hy, row);
+         }));
+  check("resident", hy);
+  flags[0] = 0;
+  BENCH_CHECK(cudaStreamSynchronize(st));
+  cudaFreeHost(host);
+  cudaFree(dev);
+  return 0;
+}

@@ -11,7 +11,7 @@
 // Times are medians of per-launch event timings, after warm-up; input sets
 // are rotated until one pass touches >= 256 MB so L2 does not flatter.
 // Shapes: the model shapes of tests/gpu/op_cases.h (Llama-3-8B's dims).
-// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos|decode_gemm]]
+// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos|decode_gemm|rope_kv]]
 // (gemm_algos: cuBLASLt's heuristic list on the large GEMMs, timed; decode_gemm:
 // the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs; neither in the default run)
 #include <cublasLt.h>
@@ -31,6 +31,7 @@
 
 #include "bench/bench_common.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/op.h"
 #include "tests/gpu/op_cases.h"
@@ -707,6 +708,57 @@ void DecodeGemm(int64_t M, const char* name, int64_t N, int64_t K, bool swiglu) 
   FreeAll();
 }
 
+// ---- rope + KV-cache write of a prefill chunk -------------------------------
+// cuda::LaunchRopeKvWrite over T tokens of the fused QKV output (interleaved
+// q/k pairs, as the model runner lays out wqkv): q rotated to a dense
+// [T, Hq, D], k rotated and v copied to dense [T, Hkv, D] and to the cache.
+// Rate: bytes read + written over the copy ceiling. The scalar kernel (a
+// thread per pair, kept for unaligned shapes) runs when the cache pointers
+// are off 16-byte alignment, which is how it is timed here.
+void RopeKv(const char* model, int64_t T, int Hq, int Hkv, int D) {
+  const int H3 = Hq + 2 * Hkv;
+  const size_t qkv_b = static_cast<size_t>(T) * H3 * D * 2, q_b = static_cast<size_t>(T) * Hq * D * 2,
+               kv_b = static_cast<size_t>(T) * Hkv * D * 2;
+  std::vector<int32_t> pos(T), slots(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t % 2048), slots[t] = static_cast<int32_t>(t);
+  auto* dpos = static_cast<int32_t*>(Alloc(T * 4, false));
+  auto* dslots = static_cast<int32_t*>(Alloc(T * 4, false));
+  BENCH_CHECK(cudaMemcpy(dpos, pos.data(), T * 4, cudaMemcpyHostToDevice));
+  BENCH_CHECK(cudaMemcpy(dslots, slots.data(), T * 4, cudaMemcpyHostToDevice));
+  cuda::RopeKvParams p;
+  p.dtype = DType::kBF16;
+  p.qkv = Alloc(qkv_b);
+  p.positions = dpos;
+  p.cos_sin = static_cast<const float2*>(Alloc(2048 * D / 2 * sizeof(float2)));
+  p.slots = dslots;
+  p.q = Alloc(q_b, false);
+  p.k = Alloc(kv_b, false);
+  p.v = Alloc(kv_b, false);
+  char* kc = static_cast<char*>(Alloc(kv_b + 16, false));
+  char* vc = static_cast<char*>(Alloc(kv_b + 16, false));
+  p.T = T;
+  p.Hq = Hq;
+  p.Hkv = Hkv;
+  p.D = D;
+  p.interleaved = true;
+  auto run = [&](size_t cache_offset) {
+    return [&, cache_offset](int) {
+      cuda::RopeKvParams r = p;
+      r.k_cache = kc + cache_offset;
+      r.v_cache = vc + cache_offset;
+      BENCH_CHECK(cuda::LaunchRopeKvWrite(r, g_stream).ok() ? cudaSuccess : cudaErrorUnknown);
+    };
+  };
+  const std::vector<double> t = TimeUs({run(0), run(2)});
+  const double bytes = static_cast<double>(qkv_b + q_b + 4 * kv_b);
+  const std::string shape = std::string(model) + " T=" + std::to_string(T);
+  auto gbs = [&](double us) { return bytes / (us * 1e-6) / 1e9; };
+  Add({"7", "rope_kv", shape, "vector kernel (default)", t[0], gbs(t[0]), "GB/s", 100.0 * gbs(t[0]) / g_copy_gbs,
+       Fmt("%.2fx scalar", t[1] / t[0])});
+  Add({"7", "rope_kv", shape, "scalar kernel", t[1], gbs(t[1]), "GB/s", 100.0 * gbs(t[1]) / g_copy_gbs, ""});
+  FreeAll();
+}
+
 }  // namespace
 }  // namespace fusedserve
 
@@ -755,6 +807,11 @@ int main(int argc, char** argv) {
       DecodeGemm(M, "down", 2048, 8192, false);
       DecodeGemm(M, "lm_head", 128256, 2048, false);
     }
+  }
+  if (only.empty() || only == "rope_kv") {
+    RopeKv("llama-3-8b", 4096, 32, 8, 128);
+    RopeKv("llama-3.2-1b", 4096, 32, 8, 64);
+    RopeKv("llama-3.2-1b", 64, 32, 8, 64);
   }
   if (only.rfind("prefill:", 0) == 0) {  // "prefill:B:S", one shape (for a profiler)
     int64_t b = 0, sl = 0;

@@ -180,6 +180,157 @@ TEST(PagedAttentionTest, MatchesTheReference) {
   }
 }
 
+// LaunchRopeKvWrite against a host rotation in double: q/k rotated by the
+// position's (cos, sin), v copied, dense q/k/v and the cache rows at
+// shuffled slots; both qkv layouts (plain halves and interleaved pairs).
+// Head dims whose half is a whole number of 16-byte vectors take the vector
+// kernel, D = 6 and a misaligned cache the scalar one. Outputs poisoned;
+// cache slots no token names must stay poisoned.
+struct RopeCase {
+  DType dt;
+  int Hq, Hkv, D;
+  bool interleaved;
+  bool dense_kv = true;     // also write dense k/v
+  bool misaligned = false;  // cache pointers off 16-byte alignment
+};
+
+void CheckRopeKv(const RopeCase& c, uint64_t seed) {
+  SCOPED_TRACE(std::string(DTypeName(c.dt)) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " D=" +
+               std::to_string(c.D) + (c.interleaved ? " interleaved" : " plain") + (c.misaligned ? " misaligned" : ""));
+  std::mt19937_64 rng(seed);
+  const int T = 37, H3 = c.Hq + 2 * c.Hkv, half = c.D / 2, max_pos = 300;
+  const int64_t slots = 2 * T + 5;
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> qkv_f(static_cast<size_t>(T) * H3 * c.D);
+  for (float& x : qkv_f) x = dist(rng);
+  const HostTensor qkv = HostTensor::FromFloat(c.dt, {T, H3 * c.D}, qkv_f);
+  const std::vector<float> x = qkv.ToFloat();  // the values as stored
+  std::vector<float2> cos_sin(static_cast<size_t>(max_pos) * half);
+  for (int pos = 0; pos < max_pos; ++pos) {
+    for (int i = 0; i < half; ++i) {
+      const double a = pos * std::pow(10000.0, -2.0 * i / c.D);
+      cos_sin[pos * half + i] = {static_cast<float>(std::cos(a)), static_cast<float>(std::sin(a))};
+    }
+  }
+  std::vector<int32_t> positions(T), slot_of(T);
+  for (int32_t& p : positions) p = static_cast<int32_t>(rng() % max_pos);
+  std::vector<int32_t> all_slots(slots);
+  std::iota(all_slots.begin(), all_slots.end(), 0);
+  std::shuffle(all_slots.begin(), all_slots.end(), rng);
+  std::copy_n(all_slots.begin(), T, slot_of.begin());
+
+  // Reference outputs in float: q [T,Hq,D], k/v [T,Hkv,D], caches [slots,Hkv,D] (NaN = untouched).
+  const float nan = std::nanf("");
+  std::vector<float> rq(static_cast<size_t>(T) * c.Hq * c.D), rk(static_cast<size_t>(T) * c.Hkv * c.D), rv(rk.size()),
+      rkc(static_cast<size_t>(slots) * c.Hkv * c.D, nan), rvc(rkc.size(), nan);
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < H3; ++h) {
+      const float* src = x.data() + (static_cast<size_t>(t) * H3 + h) * c.D;
+      const bool rotate = h < c.Hq + c.Hkv;
+      for (int i = 0; i < half; ++i) {
+        const bool pair = rotate && c.interleaved;
+        double a = src[pair ? 2 * i : i], b = src[pair ? 2 * i + 1 : i + half];
+        if (rotate) {
+          const float2 cs = cos_sin[positions[t] * half + i];
+          const double ra = a * cs.x - b * cs.y, rb = b * cs.x + a * cs.y;
+          a = ra;
+          b = rb;
+        }
+        auto put = [&](std::vector<float>& dst, int64_t row) {
+          dst[row * c.D + i] = static_cast<float>(a);
+          dst[row * c.D + i + half] = static_cast<float>(b);
+        };
+        if (h < c.Hq) {
+          put(rq, int64_t{t} * c.Hq + h);
+        } else {
+          const bool is_k = h < c.Hq + c.Hkv;
+          const int kh = is_k ? h - c.Hq : h - c.Hq - c.Hkv;
+          put(is_k ? rk : rv, int64_t{t} * c.Hkv + kh);
+          put(is_k ? rkc : rvc, int64_t{slot_of[t]} * c.Hkv + kh);
+        }
+      }
+    }
+  }
+
+  std::vector<void*> allocs;
+  auto poisoned = [&](size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0xFF, bytes + 16), cudaSuccess);
+    allocs.push_back(p);
+    return p;
+  };
+  const size_t elem = DTypeSize(c.dt);
+  const size_t q_bytes = rq.size() * elem, kv_bytes = rk.size() * elem, cache_bytes = rkc.size() * elem;
+  cuda::RopeKvParams p;
+  p.dtype = c.dt;
+  p.qkv = poisoned(qkv.data.size());
+  ASSERT_EQ(cudaMemcpy(const_cast<void*>(p.qkv), qkv.data.data(), qkv.data.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  p.positions = Upload(positions, &allocs);
+  p.cos_sin = Upload(cos_sin, &allocs);
+  p.slots = Upload(slot_of, &allocs);
+  p.q = poisoned(q_bytes);
+  p.k = c.dense_kv ? poisoned(kv_bytes) : nullptr;
+  p.v = c.dense_kv ? poisoned(kv_bytes) : nullptr;
+  const size_t off = c.misaligned ? elem : 0;  // one element in: not 16-byte aligned
+  p.k_cache = static_cast<char*>(poisoned(cache_bytes)) + off;
+  p.v_cache = static_cast<char*>(poisoned(cache_bytes)) + off;
+  p.T = T;
+  p.Hq = c.Hq;
+  p.Hkv = c.Hkv;
+  p.D = c.D;
+  p.interleaved = c.interleaved;
+  const CudaStatus st = cuda::LaunchRopeKvWrite(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+
+  const double tol = c.dt == DType::kF32 ? 1e-6 : (c.dt == DType::kF16 ? 1e-3 : 8e-3);
+  auto fetch = [&](const void* d, size_t bytes, std::vector<int64_t> shape) {
+    HostTensor h;
+    h.dtype = c.dt;
+    h.shape = std::move(shape);
+    h.data.assign(bytes, '\0');
+    EXPECT_EQ(cudaMemcpy(h.data.data(), d, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h.ToFloat();
+  };
+  EXPECT_LE(RelErrorNorm(fetch(p.q, q_bytes, {T, c.Hq, c.D}), rq), tol) << "q";
+  if (c.dense_kv) {
+    EXPECT_LE(RelErrorNorm(fetch(p.k, kv_bytes, {T, c.Hkv, c.D}), rk), tol) << "k";
+    EXPECT_LE(RelErrorNorm(fetch(p.v, kv_bytes, {T, c.Hkv, c.D}), rv), tol) << "v";
+  }
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<float> got = fetch(which == 0 ? p.k_cache : p.v_cache, cache_bytes, {slots, c.Hkv, c.D});
+    const std::vector<float>& want = which == 0 ? rkc : rvc;
+    std::vector<float> g, w;
+    int64_t untouched_written = 0;
+    for (size_t j = 0; j < want.size(); ++j) {
+      if (std::isnan(want[j])) {
+        untouched_written += !std::isnan(got[j]);
+      } else {
+        g.push_back(got[j]);
+        w.push_back(want[j]);
+      }
+    }
+    EXPECT_LE(RelErrorNorm(g, w), tol) << (which == 0 ? "k cache" : "v cache");
+    EXPECT_EQ(untouched_written, 0) << "a slot no token names was written";
+  }
+  for (void* a : allocs) cudaFree(a);
+}
+
+TEST(PagedAttentionTest, RopeKvWriteMatchesTheReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  uint64_t seed = 900;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int D : {16, 64, 128}) {
+      for (bool interleaved : {false, true}) CheckRopeKv({dt, 8, 2, D, interleaved}, ++seed);
+    }
+    CheckRopeKv({dt, 32, 8, 64, true, /*dense_kv=*/false}, ++seed);  // the 1B model's shape, cache only
+    CheckRopeKv({dt, 4, 4, 6, false}, ++seed);                       // half = 3: the scalar kernel
+    CheckRopeKv({dt, 8, 2, 64, true, true, /*misaligned=*/true}, ++seed);
+  }
+}
+
 TEST(PagedAttentionTest, RejectsWhatItCannotRun) {
   EXPECT_FALSE(cuda::PagedAttentionSupported(8, 2, 96));   // head dim
   EXPECT_FALSE(cuda::PagedAttentionSupported(32, 2, 64));  // group of 16

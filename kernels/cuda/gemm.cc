@@ -195,11 +195,16 @@ CudaStatus GemmForward(const GemmParams& g, int algo_index, cudaStream_t stream)
         !s.ok())
       return s;
   }
+  if (g.residual != nullptr && g.act != Activation::kNone) {
+    // cuBLASLt would apply the activation after adding C.
+    return CudaStatus::Error("GemmForward: a residual with an activation is not supported");
+  }
   const int n = static_cast<int>(plan->algos.size());
   const int idx = algo_index < 0 ? 0 : (algo_index >= n ? n - 1 : algo_index);
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = g.residual != nullptr ? 1.0f : 0.0f;
+  const void* c = g.residual != nullptr ? g.residual : g.y;
   if (CudaStatus s =
-          FS_LT_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, g.w, plan->a, g.x, plan->b, &beta, g.y, plan->d, g.y,
+          FS_LT_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, g.w, plan->a, g.x, plan->b, &beta, c, plan->d, g.y,
                                      plan->d, &plan->algos[idx].algo, workspace, kWorkspaceBytes, stream));
       !s.ok())
     return s;

@@ -27,6 +27,9 @@ struct GemmParams {
   const void* bias = nullptr;  // [N] or nullptr
   void* y = nullptr;           // [M,N], row stride N
   Activation act = Activation::kNone;
+  // [M,N] or nullptr: y = x . w^T (+ bias) + residual, cuBLASLt's C with
+  // beta = 1 (one rounding; no separate add pass). Activation kNone only.
+  const void* residual = nullptr;
 };
 
 // Number of algorithms cuBLASLt's heuristic offers for this problem (at most

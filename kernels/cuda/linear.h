@@ -51,9 +51,13 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c);
 // GEMV and the skinny GEMM where they can run. A new kernel for linear adds
 // its path here.
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K);
-// y = act(x . w^T + bias) by the config; one that cannot apply to the call
-// (GEMV for 64 rows, the skinny GEMM with a bias) takes the built-in rule.
+// y = act(x . w^T + bias) (+ residual) by the config; one that cannot apply
+// to the call (GEMV for 64 rows, the skinny GEMM with a bias) takes the
+// built-in rule. A residual always runs on cuBLASLt (GemmParams::residual).
 CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream);
+// Whether LaunchLinear runs g (its residual aside) on cuBLASLt: where it
+// does, a residual costs nothing more than the GEMM's extra read of it.
+bool LinearRunsGemm(const cuda::GemmParams& g, const LinearConfig& c);
 
 // swiglu_mlp's path for its gate h = silu(x . gate^T) * (x . up^T)
 // (dispatch in swiglu_mlp_op.cc): "p0" a linear GEMM into gu = x . gate_up^T

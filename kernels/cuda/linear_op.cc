@@ -37,21 +37,42 @@ std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, in
   return c;
 }
 
-CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream) {
+namespace {
+
+// The path LaunchLinear takes for g under c.
+LinearPath ChosenLinearPath(const cuda::GemmParams& g, const LinearConfig& c) {
+  if (g.residual != nullptr) return LinearPath::kGemm;  // only cuBLASLt adds one
   const bool gemv_ok = cuda::GemvSupported(g.dtype, g.M, g.K, g.x, g.w);
   // The skinny GEMM has no epilogue.
   const bool skinny_ok =
       g.bias == nullptr && g.act == Activation::kNone && cuda::SkinnyGemmSupported(g.dtype, g.M, g.N, g.K, g.x, g.w);
-  if (c.path == LinearPath::kGemv && gemv_ok) return cuda::LaunchGemv(g, stream);
-  if (c.path == LinearPath::kSkinny && skinny_ok)
-    return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream, c.algo == 1);
+  if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;
+  if (c.path == LinearPath::kSkinny && skinny_ok) return LinearPath::kSkinny;
   if (c.path != LinearPath::kGemm) {  // the built-in rule
-    if (gemv_ok && g.M <= kGemvAutoMaxM) return cuda::LaunchGemv(g, stream);
-    if (skinny_ok && cuda::SkinnyGemmByDefault(g.M, g.N, g.K, false)) {
-      return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream);
-    }
+    if (gemv_ok && g.M <= kGemvAutoMaxM) return LinearPath::kGemv;
+    if (skinny_ok && cuda::SkinnyGemmByDefault(g.M, g.N, g.K, false)) return LinearPath::kSkinny;
   }
-  return cuda::GemmForward(g, c.path == LinearPath::kGemm ? c.algo : 0, stream);
+  return LinearPath::kGemm;
+}
+
+}  // namespace
+
+bool LinearRunsGemm(const cuda::GemmParams& g, const LinearConfig& c) {
+  cuda::GemmParams plain = g;
+  plain.residual = nullptr;
+  return ChosenLinearPath(plain, c) == LinearPath::kGemm;
+}
+
+CudaStatus LaunchLinear(const cuda::GemmParams& g, const LinearConfig& c, cudaStream_t stream) {
+  switch (ChosenLinearPath(g, c)) {
+    case LinearPath::kGemv:
+      return cuda::LaunchGemv(g, stream);
+    case LinearPath::kSkinny:
+      return cuda::LaunchSkinnyGemm(g.dtype, g.M, g.N, g.K, g.x, g.w, g.y, stream,
+                                    c.path == LinearPath::kSkinny && c.algo == 1);
+    default:
+      return cuda::GemmForward(g, c.path == LinearPath::kGemm ? c.algo : 0, stream);
+  }
 }
 
 }  // namespace cuda

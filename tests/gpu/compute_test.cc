@@ -29,6 +29,7 @@
 #include "kernels/cuda/attention_hopper.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/op.h"
 #include "tests/gpu/poisoned_scratch.h"
 
@@ -194,6 +195,69 @@ TEST_F(ComputeTest, LinearEpilogues) {
     for (bool bias : {false, true}) {
       CheckLinear(LinearRequest(DType::kBF16, 17, 1001, 520, act, bias, ++seed), {"", "p0.a1"});
       CheckLinear(LinearRequest(DType::kBF16, 3, 1001, 520, act, bias, ++seed), {"p1.a0", "p0.a0", "p2.a0"});
+    }
+  }
+}
+
+// y = x . w^T (+ bias) + residual on cuBLASLt (GemmParams::residual, the
+// model runner's o_proj and down): every path LaunchLinear is asked for runs
+// the GEMM, y poisoned first, the residual left untouched; an activation
+// with a residual is refused.
+TEST_F(ComputeTest, LinearAddsTheResidual) {
+  uint64_t seed = 400;
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (bool bias : {false, true}) {
+      const int64_t M = 133, N = 520, K = 384;
+      const OpRequest r = LinearRequest(dt, M, N, K, "none", bias, ++seed);
+      const HostTensor res = RandomTensor(dt, {M, N}, ++seed);
+      Vec bias_f;
+      if (bias) bias_f = r.in("bias").ToFloat();
+      Vec ref(M * N);
+      cpu::Linear(r.in("x").ToFloat().data(), r.in("weight").ToFloat().data(), bias ? bias_f.data() : nullptr, M, K, N,
+                  Activation::kNone, ref.data());
+      const Vec rf = res.ToFloat();
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += rf[i];
+      std::vector<void*> allocs;
+      auto upload = [&](const std::string& bytes) {
+        void* p = nullptr;
+        EXPECT_EQ(cudaMalloc(&p, bytes.size()), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        allocs.push_back(p);
+        return p;
+      };
+      cuda::GemmParams g;
+      g.dtype = dt;
+      g.M = M;
+      g.N = N;
+      g.K = K;
+      g.x = upload(r.in("x").data);
+      g.w = upload(r.in("weight").data);
+      g.bias = bias ? upload(r.in("bias").data) : nullptr;
+      g.residual = upload(res.data);
+      g.y = upload(std::string(res.data.size(), '\xFF'));
+      for (const char* config : {"", "p0.a1", "p1.a0", "p2.a0"}) {
+        SCOPED_TRACE(std::string(DTypeName(dt)) + (bias ? " +bias" : "") + " config=[" + config + "]");
+        ASSERT_EQ(cudaMemset(g.y, 0xFF, res.data.size()), cudaSuccess);
+        cuda::LinearConfig c;
+        cuda::ParseLinearConfig(config, &c);
+        const CudaStatus st = cuda::LaunchLinear(g, c, nullptr);
+        ASSERT_TRUE(st.ok()) << st.message;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        HostTensor got;
+        got.dtype = dt;
+        got.shape = {M, N};
+        got.data.resize(res.data.size());
+        ASSERT_EQ(cudaMemcpy(got.data.data(), g.y, got.data.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        const Vec gf = got.ToFloat();
+        EXPECT_EQ(CountNonFinite(gf), 0);
+        EXPECT_LT(RelL2(gf, ref), GemmTol(dt));
+        std::string res_after(res.data.size(), '\0');
+        ASSERT_EQ(cudaMemcpy(res_after.data(), g.residual, res_after.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(res_after, res.data) << "the residual was written";
+      }
+      g.act = Activation::kGeluErf;
+      EXPECT_FALSE(cuda::LaunchLinear(g, cuda::LinearConfig{}, nullptr).ok());
+      for (void* p : allocs) cudaFree(p);
     }
   }
 }

@@ -469,6 +469,7 @@ class Batcher : public OpScheduler {
     absl::StatusOr<TensorMap> one = RunBackend(t->request, {t}, &stopped, counted);
     metrics_->RecordKernel(t->request.op, absl::ToDoubleSeconds(absl::Now() - start));
     metrics_->RecordBatch(t->request.op, 1);
+    AnswerGroupScope scope({t});
     t->done(std::move(one));
   }
 
@@ -521,6 +522,7 @@ class Batcher : public OpScheduler {
     absl::StatusOr<TensorMap> result = RunBackend(merged, tasks, &stopped, &counted);
     metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - start));
     if (!stopped.empty()) {  // every part was cancelled or expired: each gets its own reason
+      AnswerGroupScope scope(run);
       for (size_t i = 0; i < run.size(); ++i) run[i]->done(stopped[i]);
       return;
     }
@@ -528,6 +530,7 @@ class Batcher : public OpScheduler {
         result.ok() ? SplitOutputs(layouts, *std::move(result)) : result.status();
     if (split.ok()) {
       metrics_->RecordBatch(op, static_cast<int>(run.size()));
+      AnswerGroupScope scope(run);
       for (size_t i = 0; i < run.size(); ++i) run[i]->done(std::move((*split)[i]));
       return;
     }

@@ -72,6 +72,20 @@ void RecordLaunchStages(Metrics& metrics) {
   metrics.RecordStage(Metrics::Stage::kD2H, t.d2h);
 }
 
+namespace {
+thread_local bool t_answers_share_one_group = false;
+}  // namespace
+
+bool LaunchAnswersShareOneGroup() { return t_answers_share_one_group; }
+
+AnswerGroupScope::AnswerGroupScope(const std::vector<OpTask*>& tasks) {
+  const void* group = tasks.empty() ? nullptr : tasks.front()->answer_group;
+  bool one = group != nullptr;
+  for (const OpTask* t : tasks) one = one && t->answer_group == group;
+  t_answers_share_one_group = one;
+}
+AnswerGroupScope::~AnswerGroupScope() { t_answers_share_one_group = false; }
+
 bool RunsInline(const OpRequest& request, int64_t max_bytes) {
   if (max_bytes <= 0 || request.spec == nullptr || !request.spec->memory_bound) return false;
   return QueuedBytes(request) <= max_bytes;

@@ -26,7 +26,20 @@ struct OpTask {
   // Called exactly once if Submit succeeded: from a worker thread, or from
   // inside Submit when the request runs inline (see RunsInline).
   std::function<void(absl::StatusOr<TensorMap>)> done;
+  // Who would answer the call if not the worker (the async server: its
+  // completion queue), or null; see LaunchAnswersShareOneGroup.
+  const void* answer_group = nullptr;
 };
+
+// True inside `done` when a batcher worker answers the tasks of one launch
+// (a merged batch, or one request) that all share one non-null
+// answer_group (the direct scheduler never says so: its worker holds a
+// launch slot until `done` returns). Their answers cannot go out in parallel anyway (one queue,
+// one thread), so the async server lets the worker answer them instead of
+// handing each back to that queue's thread, which would then carry every
+// call of a busy connection alone (gRPC's poll engine: one connection, one
+// queue).
+bool LaunchAnswersShareOneGroup();
 
 class OpScheduler {
  public:
@@ -79,5 +92,15 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
 
 // The h2d / kernel / d2h stages of the launch RunOnBackend just ran on this thread.
 void RecordLaunchStages(Metrics& metrics);
+
+// While alive, LaunchAnswersShareOneGroup() on this thread says whether
+// `tasks` (one launch's, about to be answered) share one answer_group.
+class AnswerGroupScope {
+ public:
+  explicit AnswerGroupScope(const std::vector<OpTask*>& tasks);
+  ~AnswerGroupScope();
+  AnswerGroupScope(const AnswerGroupScope&) = delete;
+  AnswerGroupScope& operator=(const AnswerGroupScope&) = delete;
+};
 
 }  // namespace fusedserve

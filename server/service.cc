@@ -258,13 +258,16 @@ class FusedServeService::AsyncFusedOpSlot {
     if (!request.ok()) return Done(request.status());
     OpTask task = service_->MakeFusedOpTask(*std::move(request), &*ctx_);
     task.done = [this](absl::StatusOr<TensorMap> result) { OnResult(std::move(result)); };
+    task.answer_group = cq_;
     if (absl::Status s = service_->scheduler_->Submit(std::move(task)); !s.ok()) Done(s);
   }
 
   // The scheduler's answer: on this slot's polling thread (an inline run)
-  // it is sent right away, else handed to that thread.
+  // it is sent right away, else handed to that thread, unless the launch's
+  // calls all share this queue: then its one thread could only send them one
+  // after another, and sends them here instead (see LaunchAnswersShareOneGroup).
   void OnResult(absl::StatusOr<TensorMap> result) {
-    if (t_polling_cq != cq_ && service_->options_.answer_on_poller) {
+    if (t_polling_cq != cq_ && service_->options_.answer_on_poller && !LaunchAnswersShareOneGroup()) {
       const bool handed_over = service_->gate_.IfOpen([&] {  // the queue still takes events
         result_.emplace(std::move(result));
         handoff_.Set(cq_, gpr_time_0(GPR_CLOCK_MONOTONIC), &result_tag_);

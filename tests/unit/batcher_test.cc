@@ -199,6 +199,10 @@ class GatedBackend : public Backend {
     absl::MutexLock lock(&mu_);
     open_ = true;
   }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    open_ = false;
+  }
   void FailMerged() {
     absl::MutexLock lock(&mu_);
     fail_merged_ = true;
@@ -227,6 +231,7 @@ struct Result {
   absl::Notification done;
   absl::StatusOr<TensorMap> value = absl::UnknownError("not called");
   int order = -1;
+  bool one_group = false;  // LaunchAnswersShareOneGroup() inside done
 };
 
 class BatcherTest : public ::testing::Test {
@@ -237,15 +242,17 @@ class BatcherTest : public ::testing::Test {
     return *std::move(s);
   }
   absl::Status Submit(OpScheduler& s, const OpRequest& r, Result* out, absl::Time deadline = absl::InfiniteFuture(),
-                      std::function<bool()> cancelled = nullptr) {
+                      std::function<bool()> cancelled = nullptr, const void* answer_group = nullptr) {
     OpTask t;
     t.request = r;
+    t.answer_group = answer_group;
     t.enqueued = absl::Now();
     t.deadline = deadline;
     if (cancelled) {
       t.interrupted = [cancelled] { return cancelled() ? absl::CancelledError("cancelled") : absl::OkStatus(); };
     }
     t.done = [this, out](absl::StatusOr<TensorMap> v) {
+      out->one_group = LaunchAnswersShareOneGroup();
       out->value = std::move(v);
       out->order = finished_.fetch_add(1);
       out->done.Notify();
@@ -293,6 +300,42 @@ TEST_F(BatcherTest, QueuedRequestsMergeIntoOneLaunch) {
     EXPECT_EQ(results[i].value->at("y").shape, reqs[i].in("x").shape);
     EXPECT_EQ(results[i].order, static_cast<int>(i) + 1) << "callers answered in arrival order";
   }
+}
+
+// A launch whose callers all share one answer group (the async server: one
+// completion queue) tells them so while they are answered; a launch mixing
+// groups, or with callers that name none, does not.
+TEST_F(BatcherTest, LaunchTellsWhetherItsCallersShareOneAnswerGroup) {
+  std::unique_ptr<OpScheduler> s = Make(SlowOptions());
+  const int a = 0, b = 0;  // two groups: any two distinct addresses
+  const OpRequest first = MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, 100);
+  auto like_first = [&](uint64_t seed) {
+    OpRequest r = MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, seed);
+    r.inputs["weight"] = first.in("weight");
+    return r;
+  };
+  auto round = [&](const std::vector<const void*>& groups) {
+    std::vector<Result> results(groups.size() + 1);
+    backend_.Close();
+    EXPECT_TRUE(Submit(*s, first, &results[0], absl::InfiniteFuture(), nullptr, &a).ok());
+    const size_t launched = backend_.launches().size();
+    backend_.WaitLaunches(launched + 1);  // the lone one holds the backend; the rest queue and merge
+    for (size_t i = 0; i < groups.size(); ++i) {
+      EXPECT_TRUE(Submit(*s, like_first(200 + i), &results[i + 1], absl::InfiniteFuture(), nullptr, groups[i]).ok());
+    }
+    backend_.Open();
+    std::vector<bool> one;
+    for (Result& r : results) {
+      r.done.WaitForNotification();
+      EXPECT_TRUE(r.value.ok()) << r.value.status();
+      one.push_back(r.one_group);
+    }
+    return one;
+  };
+  EXPECT_EQ(round({&a, &a, &a}), (std::vector<bool>{true, true, true, true}));
+  EXPECT_EQ(round({&a, &b, &a}), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(round({nullptr, nullptr}), (std::vector<bool>{true, false, false}));
+  EXPECT_FALSE(LaunchAnswersShareOneGroup());
 }
 
 TEST_F(BatcherTest, DifferentWeightsOrAttrsAreNotMerged) {

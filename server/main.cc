@@ -650,8 +650,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fusedserve: unknown command '%s' (expected serve or tune)\n", mode.c_str());
     return 2;
   }
-  // Read by gRPC at its first use, which comes later.
+  // Read by gRPC at its first use, which comes later. gRPC aborts on an
+  // engine it does not know, so the flag takes only the two it has.
   if (const std::string poll = absl::GetFlag(FLAGS_grpc_poll_strategy); !poll.empty()) {
+    if (poll != "poll" && poll != "epoll1") {
+      std::fprintf(stderr, "fusedserve: --grpc_poll_strategy=%s: expected poll, epoll1 or empty\n", poll.c_str());
+      return 2;
+    }
     setenv("GRPC_POLL_STRATEGY", poll.c_str(), /*overwrite=*/0);
   }
   const int code = fusedserve::Run(mode, lifecycle);

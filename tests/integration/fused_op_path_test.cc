@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <thread>
@@ -110,6 +111,28 @@ TEST(FusedOpPath, BadFusedOpApiFlagIsRejected) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Spawn({"--fused_op_api=bogus"});
   EXPECT_EQ(server->WaitExit(30), 1);
   EXPECT_NE(server->Log().find("--fused_op_api must be callback, sync or async"), std::string::npos) << server->Log();
+}
+
+// Both of gRPC's engines the flag offers serve (the default is poll), and
+// the log names the one in use; anything else is refused at start.
+TEST(FusedOpPath, EachPollEngineServes) {
+  for (const char* engine : {"poll", "epoll1"}) {
+    SCOPED_TRACE(engine);
+    std::unique_ptr<ServerProcess> server = ServerProcess::Start({std::string("--grpc_poll_strategy=") + engine});
+    ASSERT_NE(server, nullptr);
+    for (int i = 0; i < 5; ++i) CallAndCheck(*server, 300 + i, 1 + i % 3);
+    // (GRPC_POLL_STRATEGY in the environment would win over the flag.)
+    if (std::getenv("GRPC_POLL_STRATEGY") == nullptr) {
+      EXPECT_NE(server->Log().find(std::string("gRPC poll engine ") + engine), std::string::npos) << server->Log();
+    }
+  }
+}
+
+TEST(FusedOpPath, BadPollStrategyFlagIsRejected) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Spawn({"--grpc_poll_strategy=bogus"});
+  EXPECT_EQ(server->WaitExit(30), 2);
+  EXPECT_NE(server->Log().find("--grpc_poll_strategy=bogus: expected poll, epoll1 or empty"), std::string::npos)
+      << server->Log();
 }
 
 // Under concurrency requests still merge: with a batch delay long enough for

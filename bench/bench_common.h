@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -40,6 +41,24 @@ double EventUs(cudaStream_t stream, Issue&& issue) {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return ms * 1e3;
+}
+
+// Host-clock round trips: p50 / p99 / min microseconds of fn(i) over
+// `iters` calls, after `warmup` untimed ones (i counts all calls).
+struct HostLatencyUs {
+  double p50, p99, min;
+};
+template <typename Fn>
+HostLatencyUs TimeHostUs(int iters, int warmup, Fn&& fn) {
+  std::vector<double> us;
+  for (int i = 0; i < iters + warmup; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  return {us[us.size() / 2], us[us.size() * 99 / 100], us[0]};
 }
 
 // Median time per call of a graph of `calls` calls, over `reps` replays

@@ -2,12 +2,11 @@
 // in, host tensors out: staging copy, H2D, kernel, D2H, sync), without gRPC:
 // the floor under a FusedOp request's server-side time.
 //   gpu_backend_latency_bench [iterations]
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "kernels/cuda/cuda_backend.h"
 
 using namespace fusedserve;
@@ -33,22 +32,17 @@ int main(int argc, char** argv) {
                         Case{"add_rms_norm", {8, 4096}}, Case{"softmax", {1, 32000}}, Case{"softmax", {8, 32000}},
                         Case{"linear", {1, 4096, 4096}}}) {
     OpRequest r = MakeRandomRequest(c.op, DType::kBF16, c.key, 1);
-    std::vector<double> us;
-    for (int i = 0; i < iters + 100; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
+    const bench::HostLatencyUs t = bench::TimeHostUs(iters, 100, [&](int) {
       absl::StatusOr<TensorMap> out = (*gpu)->Run(r);
-      const auto t1 = std::chrono::steady_clock::now();
       if (!out.ok()) {
         std::printf("%s: %s\n", c.op, std::string(out.status().message()).c_str());
-        return 1;
+        std::exit(1);
       }
-      if (i >= 100) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    }
-    std::sort(us.begin(), us.end());
+    });
     std::string name = std::string(c.op) + " [";
     for (size_t i = 0; i < c.key.size(); ++i) name += (i ? "," : "") + std::to_string(c.key[i]);
     name += "]";
-    std::printf("%-28s %10.1f %10.1f %10.1f\n", name.c_str(), us[us.size() / 2], us[us.size() * 99 / 100], us[0]);
+    std::printf("%-28s %10.1f %10.1f %10.1f\n", name.c_str(), t.p50, t.p99, t.min);
   }
   return 0;
 }

@@ -16,9 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -97,23 +95,6 @@ __global__ void ResidentKernel(const __nv_bfloat16* x, const __nv_bfloat16* w, _
   }
 }
 
-struct Stats {
-  double p50, p99, min;
-};
-
-template <typename Fn>
-Stats Time(int iters, Fn&& fn) {
-  std::vector<double> us;
-  for (int i = 0; i < iters + 200; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn(i);
-    const auto t1 = std::chrono::steady_clock::now();
-    if (i >= 200) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-  }
-  std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], us[us.size() * 99 / 100], us[0]};
-}
-
 void SpinQuery(cudaStream_t st) {
   cudaError_t e;
   while ((e = cudaStreamQuery(st)) == cudaErrorNotReady) {
@@ -180,19 +161,21 @@ int main(int argc, char** argv) {
 
   std::printf("# one bf16 row of %d columns (x, w in; y out: %zu bytes), %d round trips each\n", cols, 3 * row, iters);
   std::printf("%-14s %8s %8s %8s\n", "variant", "p50_us", "p99_us", "min_us");
-  auto report = [](const char* name, Stats s) { std::printf("%-14s %8.1f %8.1f %8.1f\n", name, s.p50, s.p99, s.min); };
+  auto report = [](const char* name, fusedserve::bench::HostLatencyUs s) {
+    std::printf("%-14s %8.1f %8.1f %8.1f\n", name, s.p50, s.p99, s.min);
+  };
 
-  report("launch+query", Time(iters, [&](int) {
+  report("launch+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
            Empty<<<1, 32, 0, st>>>();
            SpinQuery(st);
          }));
-  report("launch+sync", Time(iters, [&](int) {
+  report("launch+sync", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
            Empty<<<1, 32, 0, st>>>();
            BENCH_CHECK(cudaStreamSynchronize(st));
          }));
   // Zero-copy, as the backend: inputs packed into the staging block first.
   poison();
-  report("zc+query", Time(iters, [&](int) {
+  report("zc+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
            std::memcpy(host, input.data(), 2 * row);
            RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, nullptr, 0);
            SpinQuery(st);
@@ -200,7 +183,7 @@ int main(int argc, char** argv) {
          }));
   check("zc+query", hy);
   poison();
-  report("zc+flag", Time(iters, [&](int i) {
+  report("zc+flag", fusedserve::bench::TimeHostUs(iters, 200, [&](int i) {
            const unsigned seq = static_cast<unsigned>(i) + 1;
            std::memcpy(host, input.data(), 2 * row);
            RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, dflags, seq);
@@ -212,7 +195,7 @@ int main(int argc, char** argv) {
   check("zc+flag", hy);
   BENCH_CHECK(cudaStreamSynchronize(st));
   flags[0] = 0;
-  report("copy+query", Time(iters, [&](int) {
+  report("copy+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
            std::memcpy(host, input.data(), 2 * row);
            BENCH_CHECK(cudaMemcpyAsync(dev, host, 2 * row, cudaMemcpyHostToDevice, st));
            RmsKernel<<<1, kThreads, 0, st>>>(reinterpret_cast<__nv_bfloat16*>(dev),
@@ -231,7 +214,7 @@ int main(int argc, char** argv) {
   ResidentKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, dflags, dflags + 1);
   BENCH_CHECK(cudaGetLastError());
   unsigned seq = 0;
-  report("resident", Time(iters, [&](int) {
+  report("resident", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
            ++seq;
            std::memcpy(host, input.data(), 2 * row);
            std::atomic_thread_fence(std::memory_order_release);

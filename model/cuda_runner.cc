@@ -764,7 +764,7 @@ class CudaModelRunner final : public ModelRunner {
   }
 
   // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
-  absl::Status Linear(ModelKernel k, const void* x, const void* w, int64_t M, int64_t K, int64_t N, void* y) {
+  cuda::GemmParams LinearParams(const void* x, const void* w, int64_t M, int64_t K, int64_t N, void* y) const {
     cuda::GemmParams a;
     a.dtype = dt_;
     a.M = M;
@@ -773,7 +773,10 @@ class CudaModelRunner final : public ModelRunner {
     a.x = x;
     a.w = w;
     a.y = y;
-    return CudaToAbsl(LaunchLinearConfig(a, Tuned(k, M), stream_), "linear");
+    return a;
+  }
+  absl::Status Linear(ModelKernel k, const void* x, const void* w, int64_t M, int64_t K, int64_t N, void* y) {
+    return CudaToAbsl(LaunchLinearConfig(LinearParams(x, w, M, K, N, y), Tuned(k, M), stream_), "linear");
   }
 
   // The row-parallel projections' partial sums over the ranks (none unsharded).
@@ -863,17 +866,10 @@ class CudaModelRunner final : public ModelRunner {
   // write of [T, D] go (2 x 22 us a layer of an 8B prefill of 4096 tokens).
   absl::Status ProjectAddNorm(ModelKernel k, int which, const void* x, const void* w, int64_t T, int64_t K,
                               const void* residual, const void* weight, void* y, void* residual_out) {
-    cuda::GemmParams g;
-    g.dtype = dt_;
-    g.M = T;
-    g.N = c_.hidden;
-    g.K = K;
-    g.x = x;
-    g.w = w;
+    cuda::GemmParams g = LinearParams(x, w, T, K, c_.hidden, residual_out);
     cuda::LinearConfig config;
     cuda::ParseLinearConfig(Tuned(k, T), &config);
     if (residual_in_gemm_ && cuda::LinearRunsGemm(g, config)) {
-      g.y = residual_out;
       g.residual = residual;
       if (absl::Status status = CudaToAbsl(cuda::LaunchLinear(g, config, stream_), "linear + residual"); !status.ok())
         return status;

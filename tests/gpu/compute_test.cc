@@ -31,6 +31,7 @@
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/op.h"
+#include "tests/gpu/device_upload.h"
 #include "tests/gpu/poisoned_scratch.h"
 
 namespace fusedserve {
@@ -218,13 +219,7 @@ TEST_F(ComputeTest, LinearAddsTheResidual) {
       const Vec rf = res.ToFloat();
       for (size_t i = 0; i < ref.size(); ++i) ref[i] += rf[i];
       std::vector<void*> allocs;
-      auto upload = [&](const std::string& bytes) {
-        void* p = nullptr;
-        EXPECT_EQ(cudaMalloc(&p, bytes.size()), cudaSuccess);
-        EXPECT_EQ(cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-        allocs.push_back(p);
-        return p;
-      };
+      auto upload = [&](const std::string& bytes) { return UploadBytes(bytes, &allocs); };
       cuda::GemmParams g;
       g.dtype = dt;
       g.M = M;

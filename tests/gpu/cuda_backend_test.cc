@@ -29,6 +29,18 @@ std::vector<Case> Cases() {
           {"attention", {33, 4, 4, 64}}, {"attention_decode", {3, 100, 8, 2, 128}}};
 }
 
+// Every output of the CPU backend's answer is in the GPU's, same dtype and
+// shape, within the dtype's tolerance.
+void ExpectSameOutputs(const TensorMap& got, const TensorMap& want, DType dt) {
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    const HostTensor& g = got.at(name);
+    EXPECT_EQ(g.dtype, t.dtype) << name;
+    EXPECT_EQ(g.shape, t.shape) << name;
+    EXPECT_LE(RelErrorNorm(g.ToFloat(), t.ToFloat()), Tolerance(dt)) << name;
+  }
+}
+
 TEST(CudaBackend, EveryOpMatchesCpuBackend) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeCudaBackend(0, {});
@@ -49,14 +61,7 @@ TEST(CudaBackend, EveryOpMatchesCpuBackend) {
         continue;
       }
       ASSERT_TRUE(got.ok()) << got.status();
-      for (const auto& [name, t] : *want) {
-        ASSERT_TRUE(got->count(name)) << name;
-        const HostTensor& g = got->at(name);
-        EXPECT_EQ(g.dtype, t.dtype);
-        EXPECT_EQ(g.shape, t.shape);
-        const double err = RelErrorNorm(g.ToFloat(), t.ToFloat());
-        EXPECT_LE(err, Tolerance(dt)) << name;
-      }
+      ExpectSameOutputs(*got, *want, dt);
     }
   }
 }
@@ -98,11 +103,7 @@ TEST(CudaBackend, ZeroCopyLimitBothSides) {
       absl::StatusOr<TensorMap> got = (*gpu)->Run(r);
       ASSERT_TRUE(want.ok()) << want.status();
       ASSERT_TRUE(got.ok()) << got.status();
-      for (const auto& [name, t] : *want) {
-        ASSERT_TRUE(got->count(name)) << name;
-        EXPECT_EQ(got->at(name).shape, t.shape);
-        EXPECT_LE(RelErrorNorm(got->at(name).ToFloat(), t.ToFloat()), Tolerance(dt)) << name;
-      }
+      ExpectSameOutputs(*got, *want, dt);
     }
   }
 }

@@ -24,6 +24,7 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
+#include "tests/gpu/device_upload.h"
 #include "tests/gpu/rel_error.h"
 
 namespace fusedserve {
@@ -41,16 +42,6 @@ struct PagedCase {
   std::vector<int> row_seq;   // per query row: its sequence
   int block_size = 16;
 };
-
-// Device copy of a host vector, freed by the test's cleanup list.
-template <typename T>
-T* Upload(const std::vector<T>& v, std::vector<void*>* allocs) {
-  void* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(v.size() * sizeof(T), 16)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  allocs->push_back(p);
-  return static_cast<T*>(p);
-}
 
 void CheckPaged(const PagedCase& c, uint64_t seed) {
   SCOPED_TRACE(std::string(DTypeName(c.dt)) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
@@ -103,18 +94,11 @@ void CheckPaged(const PagedCase& c, uint64_t seed) {
   }
 
   std::vector<void*> allocs;
-  auto upload_bytes = [&](const std::string& bytes) {
-    void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, bytes.size()), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    allocs.push_back(p);
-    return p;
-  };
   cuda::PagedAttentionParams p;
   p.dtype = c.dt;
-  p.q = upload_bytes(q.data);
-  p.k_cache = upload_bytes(kc.data);
-  p.v_cache = upload_bytes(vc.data);
+  p.q = UploadBytes(q.data, &allocs);
+  p.k_cache = UploadBytes(kc.data, &allocs);
+  p.v_cache = UploadBytes(vc.data, &allocs);
   p.rows = Upload(rows, &allocs);
   p.row_seq = Upload(std::vector<int32_t>(c.row_seq.begin(), c.row_seq.end()), &allocs);
   p.ctx_lens = Upload(std::vector<int32_t>(c.ctx_lens.begin(), c.ctx_lens.end()), &allocs);
@@ -264,9 +248,7 @@ void CheckRopeKv(const RopeCase& c, uint64_t seed) {
   const size_t q_bytes = rq.size() * elem, kv_bytes = rk.size() * elem, cache_bytes = rkc.size() * elem;
   cuda::RopeKvParams p;
   p.dtype = c.dt;
-  p.qkv = poisoned(qkv.data.size());
-  ASSERT_EQ(cudaMemcpy(const_cast<void*>(p.qkv), qkv.data.data(), qkv.data.size(), cudaMemcpyHostToDevice),
-            cudaSuccess);
+  p.qkv = UploadBytes(qkv.data, &allocs);
   p.positions = Upload(positions, &allocs);
   p.cos_sin = Upload(cos_sin, &allocs);
   p.slots = Upload(slot_of, &allocs);

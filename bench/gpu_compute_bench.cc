@@ -11,9 +11,10 @@
 // Times are medians of per-launch event timings, after warm-up; input sets
 // are rotated until one pass touches >= 256 MB so L2 does not flatter.
 // Shapes: the model shapes of tests/gpu/op_cases.h (Llama-3-8B's dims).
-// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos|decode_gemm|rope_kv]]
+// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos|decode_gemm|rope_kv|paged]]
 // (gemm_algos: cuBLASLt's heuristic list on the large GEMMs, timed; decode_gemm:
-// the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs; neither in the default run)
+// the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs; paged: the
+// model's paged decode attention; none of them in the default run)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -25,13 +26,16 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "bench/bench_common.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/predecessor.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/op.h"
 #include "tests/gpu/op_cases.h"
@@ -759,6 +763,71 @@ void RopeKv(const char* model, int64_t T, int Hq, int Hkv, int D) {
   FreeAll();
 }
 
+// ---- paged decode attention (the model's kernel) ------------------------------
+// cuda::LaunchPagedAttention for B decode rows of context ctx over a paged
+// cache (block size 16, each launch through its own block tables into its own
+// region of the cache, so K/V come from HBM as in a model step), split as the
+// model's decode graphs split it. Each launch follows a small predecessor
+// kernel (1 MB written, standing in for the rope kernel before it in a step):
+// a CUDA graph of 20 (predecessor, attention) pairs, less a graph of the 20
+// predecessors alone, is what the attention adds to a step. Rate: K/V bytes
+// read per second.
+void PagedDecode(const char* model, int Hq, int Hkv, int D, int B, int ctx) {
+  constexpr int kBs = 16, kLong = 65536;
+  const int width = (ctx + kBs - 1) / kBs;
+  const size_t kv_bytes = static_cast<size_t>(B) * ctx * Hkv * D * 2;  // of K (as much of V)
+  const int regions = static_cast<int>(std::clamp<size_t>((96ull << 20) / (2 * kv_bytes) + 1, 1, 256));
+  const int64_t slots = static_cast<int64_t>(regions) * B * width * kBs;
+  std::vector<int32_t> tables(static_cast<size_t>(regions) * B * width);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::mt19937 rng(7);
+  std::shuffle(tables.begin(), tables.end(), rng);  // blocks scattered over the cache
+  std::vector<int32_t> rows(B), ctxs(B, ctx);
+  std::iota(rows.begin(), rows.end(), 0);
+  auto upload = [](const std::vector<int32_t>& v) {
+    auto* d = static_cast<int32_t*>(Alloc(v.size() * 4, false));
+    BENCH_CHECK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+  };
+  cuda::PagedAttentionParams p;
+  p.dtype = DType::kBF16;
+  p.q = Alloc(static_cast<size_t>(B) * Hq * D * 2);
+  p.o = Alloc(static_cast<size_t>(B) * Hq * D * 2, false);
+  p.k_cache = Alloc(static_cast<size_t>(slots) * Hkv * D * 2);
+  p.v_cache = Alloc(static_cast<size_t>(slots) * Hkv * D * 2);
+  p.rows = upload(rows);
+  p.row_seq = upload(rows);
+  p.ctx_lens = upload(ctxs);
+  const int32_t* dtables = upload(tables);
+  p.bt_stride = width;
+  p.block_size = kBs;
+  p.R = B;
+  p.Hq = Hq;
+  p.Hkv = Hkv;
+  p.D = D;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  void* ws = Alloc(cuda::PagedAttentionWorkspaceBytes(Hq, D), false);
+  BENCH_CHECK(cudaMemset(ws, 0, cuda::PagedAttentionWorkspaceBytes(Hq, D)));
+  void* pred = Alloc(1 << 20, false);
+  const int splits = cuda::PagedAttentionSplits(B, Hkv, kLong, g_sm_count);
+  auto predecessor = [&] {
+    BENCH_CHECK(cuda::LaunchPredecessor(pred, 1 << 20, g_stream).ok() ? cudaSuccess : cudaErrorUnknown);
+  };
+  auto pair = [&](int i) {
+    predecessor();
+    cuda::PagedAttentionParams r = p;
+    r.block_tables = dtables + static_cast<size_t>(i % regions) * B * width;
+    BENCH_CHECK(cuda::LaunchPagedAttention(r, splits, ws, g_stream).ok() ? cudaSuccess : cudaErrorUnknown);
+  };
+  const double alone = GraphUs([&](int) { predecessor(); }, 20);
+  const double us = std::max(0.01, GraphUs(pair, 20) - alone);
+  const std::string shape = std::string(model) + " B=" + std::to_string(B) + " ctx=" + std::to_string(ctx) +
+                            " splits=" + std::to_string(splits);
+  const double gbs = 2.0 * static_cast<double>(kv_bytes) / (us * 1e-6) / 1e9;
+  Add({"5", "paged_decode", shape, "ours", us, gbs, "GB/s", 100.0 * gbs / g_copy_gbs, ""}, {{"predecessor_us", alone}});
+  FreeAll();
+}
+
 }  // namespace
 }  // namespace fusedserve
 
@@ -835,6 +904,14 @@ int main(int argc, char** argv) {
     Decode(64, 1024, 109);
     Decode(64, 4096, 357);
     Decode(64, 16384, 1388);
+  }
+  if (only == "paged") {
+    for (int B : {1, 2, 4, 16, 64}) {
+      for (int ctx : {128, 2048}) {
+        PagedDecode("1B", 32, 8, 64, B, ctx);
+        PagedDecode("8B", 32, 8, 128, B, ctx);
+      }
+    }
   }
   nlohmann::json doc = {{"device", prop.name},
                         {"sm_count", g_sm_count},

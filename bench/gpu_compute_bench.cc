@@ -813,18 +813,27 @@ void PagedDecode(const char* model, int Hq, int Hkv, int D, int B, int ctx) {
   auto predecessor = [&] {
     BENCH_CHECK(cuda::LaunchPredecessor(pred, 1 << 20, g_stream).ok() ? cudaSuccess : cudaErrorUnknown);
   };
-  auto pair = [&](int i) {
-    predecessor();
-    cuda::PagedAttentionParams r = p;
-    r.block_tables = dtables + static_cast<size_t>(i % regions) * B * width;
-    BENCH_CHECK(cuda::LaunchPagedAttention(r, splits, ws, g_stream).ok() ? cudaSuccess : cudaErrorUnknown);
+  auto pair = [&](int kernel) {
+    return [&, kernel](int i) {
+      predecessor();
+      cuda::PagedAttentionParams r = p;
+      r.block_tables = dtables + static_cast<size_t>(i % regions) * B * width;
+      r.kernel = kernel;
+      BENCH_CHECK(cuda::LaunchPagedAttention(r, splits, ws, g_stream).ok() ? cudaSuccess : cudaErrorUnknown);
+    };
   };
   const double alone = GraphUs([&](int) { predecessor(); }, 20);
-  const double us = std::max(0.01, GraphUs(pair, 20) - alone);
   const std::string shape = std::string(model) + " B=" + std::to_string(B) + " ctx=" + std::to_string(ctx) +
                             " splits=" + std::to_string(splits);
-  const double gbs = 2.0 * static_cast<double>(kv_bytes) / (us * 1e-6) / 1e9;
-  Add({"5", "paged_decode", shape, "ours", us, gbs, "GB/s", 100.0 * gbs / g_copy_gbs, ""}, {{"predecessor_us", alone}});
+  double cores_us = 0;
+  for (int kernel : {0, 1}) {
+    const double us = std::max(0.01, GraphUs(pair(kernel), 20) - alone);
+    if (kernel == 0) cores_us = us;
+    const double gbs = 2.0 * static_cast<double>(kv_bytes) / (us * 1e-6) / 1e9;
+    Add({"5", "paged_decode", shape, kernel == 0 ? "CUDA cores" : "tensor cores", us, gbs, "GB/s",
+         100.0 * gbs / g_copy_gbs, Fmt("%.2fx CUDA cores", cores_us / us)},
+        {{"predecessor_us", alone}});
+  }
   FreeAll();
 }
 

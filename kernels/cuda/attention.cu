@@ -39,6 +39,7 @@ namespace {
 using cuda::FastExp2;   // softmax exp and varlen offsets (common.cuh)
 using cuda::FromFloat;  // shared dtype conversions (common.cuh)
 using cuda::Mma16816;   // tensor-core tile (common.cuh)
+using cuda::Pack2;
 using cuda::SequenceStart;
 using cuda::ToFloat;
 
@@ -107,19 +108,6 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Copies rows [row0, row0 + kRows) of a [*, stride] matrix (rows >= limit

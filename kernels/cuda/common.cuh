@@ -210,6 +210,30 @@ __device__ __forceinline__ void Mma16816<__half>(float (&c)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two fp32 values as one 32-bit register of two 16-bit elements (lo first):
+// an mma fragment register.
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The transpose of an 8x8 matrix of 16-bit elements held one row pair per
+// lane (lane l: row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1), in the same
+// layout: lane l gets elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4).
+__device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
 // ---- cross-block merges ---------------------------------------------------------
 
 // For kernels whose blocks each publish a partial result and let the last

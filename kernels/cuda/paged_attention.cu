@@ -15,6 +15,10 @@
 //                        shared memory at the end. With context splits, the
 //                        last CTA of a (row, kv head) to finish merges the
 //                        splits' (max, sum, acc): no combine kernel.
+//   PagedAttentionMmaKernel the same work split with both products on tensor
+//                        cores (mma.sync; bf16/fp16 at head dims 64 and 128,
+//                        the default there): the query heads of a kv head
+//                        are the rows of S = Q K^T, P V reuses S's registers.
 // The CPU reference of all of them is the CPU model runner
 // (model/cpu_runner.cc); tests/gpu/model_cuda_test.cc compares the two.
 #include <cuda_bf16.h>
@@ -175,6 +179,83 @@ struct SplitWorkspace {
   unsigned* done;
 };
 
+// The CTA's kParts partial softmax states (sm_ml: (max, sum) in log2 units
+// per part and query head; sm_acc: their unnormalised O) -> O when the row's
+// context is one split; else this split's partials into the workspace, and
+// the last split CTA of the (row, kv head) to finish merges them all. Every
+// thread of the CTA calls it, after the __syncthreads that publishes the parts.
+template <typename T, int D, int kG, int kParts>
+__device__ __forceinline__ void MergeAndStore(const PagedAttentionParams& p, const SplitWorkspace& ws,
+                                              const float (&sm_acc)[kParts][kG][D], const float2 (&sm_ml)[kParts][kG],
+                                              int tok, int r, int hk, int split, int splits) {
+  const int G = p.Hq / p.Hkv;
+  T* O = static_cast<T*>(p.o);
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float M = -INFINITY;
+    for (int k = 0; k < kParts; ++k) M = fmaxf(M, sm_ml[k][g].x);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int k = 0; k < kParts; ++k) {
+        const float w = exp2f(sm_ml[k][g].x - M);
+        L += sm_ml[k][g].y * w;
+        A += sm_acc[k][g][d] * w;
+      }
+    }
+    const int h = hk * G + g;
+    if (splits == 1) {
+      O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
+    } else {
+      const int64_t w = (static_cast<int64_t>(r) * p.Hq + h) * splits + split;
+      ws.acc[w * D + d] = A;
+      if (d == 0) ws.ml[w] = make_float2(M, L);
+    }
+  }
+  if (splits == 1) return;
+
+  // The last split CTA of this (row, kv head) to finish merges all splits
+  // (no separate combine kernel): publish this CTA's partials, count it in.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = LastBlockToFinish(ws.done + static_cast<int64_t>(r) * p.Hkv + hk, splits);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // One warp per query head: lane s holds split s's (max, sum) (splits <=
+  // 32); the acc loads of all splits are independent. __ldcg: the partials
+  // of other CTAs, read from L2, never from a stale L1 line.
+  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;
+  for (int g = warp; g < G; g += kThreads / 32) {
+    const int h = hk * G + g;
+    const int64_t base = (static_cast<int64_t>(r) * p.Hq + h) * splits;
+    const float2 ml = wl < splits ? __ldcg(ws.ml + base + wl) : make_float2(-INFINITY, 0.0f);
+    float M = ml.x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float wgt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
+    float L = ml.y * wgt;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    // Every lane takes part in the shuffles, also past D (head dims < 32).
+    // All splits' loads of a 32-dim slice are issued before the first use:
+    // one L2 round trip a slice, where a loop of dependent batches of 8 took
+    // 16 at D = 128 and 32 splits (B = 1, context 2048: this kernel took
+    // 22 us a layer of the 8B decode step, 7x its bytes at copy bandwidth).
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      const int d = d0 + wl;
+      float a[kPagedMaxSplits];
+#pragma unroll
+      for (int sp = 0; sp < kPagedMaxSplits; ++sp)
+        a[sp] = sp < splits && d < D ? __ldcg(ws.acc + (base + sp) * D + d) : 0.0f;
+      float A = 0.0f;
+#pragma unroll
+      for (int sp = 0; sp < kPagedMaxSplits; ++sp) A = fmaf(__shfl_sync(0xffffffffu, wgt, sp), a[sp], A);
+      if (d < D) O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
+    }
+  }
+}
+
 template <typename T, int D, int kG>
 __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionParams p, SplitWorkspace ws) {
   constexpr int kLanes = D / 8;               // lanes per key, 8 elements each
@@ -303,71 +384,185 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
     }
   }
   __syncthreads();
-  T* O = static_cast<T*>(p.o);
-  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
-    const int g = idx / D, d = idx % D;
-    float M = -INFINITY;
-    for (int k = 0; k < kGroups; ++k) M = fmaxf(M, sm_ml[k][g].x);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int k = 0; k < kGroups; ++k) {
-        const float w = exp2f(sm_ml[k][g].x - M);
-        L += sm_ml[k][g].y * w;
-        A += sm_acc[k][g][d] * w;
+  MergeAndStore<T, D, kG, kGroups>(p, ws, sm_acc, sm_ml, tok, r, hk, split, splits);
+}
+
+// ---- the tensor-core kernel (16-bit K/V, head dims 64 and 128) ----------------
+//
+// The same work split as PagedAttentionKernel (one CTA per row, kv head and
+// context split; four warps, each an online softmax over its own keys, merged
+// by MergeAndStore), with both products on mma.sync m16n8k16 instead of
+// per-key dot products and shuffles (the CUDA-core kernel's bound at long
+// contexts). The G query heads of a kv head are the A rows (padded to 16).
+// No shared memory and only 16-byte loads: the head dimension is permuted so
+// that each lane's fragments come from one 16-byte load.
+//   S = Q K^T, k-step 2s + e (16 dims): lane (g, t) = (lane / 4, lane % 4)
+//     holds dims 32s + 8t + 4e + {0, 1} (k positions 2t, 2t + 1) and
+//     + {2, 3} (k positions 2t + 8, 2t + 9), of query head g (A) and of key
+//     g of the 8-key tile (B): both are words 2e and 2e + 1 of the lane's
+//     16-byte load of dims [32s + 8t, 32s + 8t + 8). The order of a dot
+//     product's terms does not matter, only that A and B agree.
+//   O += P V, k-step of 16 keys = two S tiles: P is the S accumulators (the
+//     FlashAttention-2 register reuse); V's fragments come from the same
+//     16-byte loads as K's, transposed in registers by movmatrix: output
+//     fragment block 4s + w, column pair t, is dims 32s + 8t + 2w + {0, 1},
+//     so a lane ends with 8 contiguous dims of its head per s.
+template <typename T, int D>
+struct MmaShape {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kSegs = D / 32;  // 16-byte loads per key row and lane
+  // 8-key tiles a warp loads per iteration: two (16 keys: four at D = 64 took
+  // 134 registers, and a cap of 128 spilled; a B = 1 split of 64 keys keeps
+  // all four warps busy).
+  static constexpr int kTiles = 2;
+  static constexpr int kKeys = kTiles * 8;  // keys a warp takes per iteration
+  static constexpr int kBlocks = D / 8;     // O fragment blocks (8 dims each)
+  // CTAs an SM must hold (the register cap): four at D = 64, as many as the
+  // CUDA-core kernel, so PagedAttentionSplits' one-wave rule holds; no cap at
+  // D = 128 (64 accumulators: ~180 registers, two CTAs an SM; a cap of three
+  // spilled and lost 3-10% on the H100).
+  static constexpr int kMinBlocks = D == 64 ? 4 : 1;
+};
+
+template <typename T, int D, int kG>
+__global__ void __launch_bounds__(kThreads, MmaShape<T, D>::kMinBlocks)
+    PagedAttentionMmaKernel(PagedAttentionParams p, SplitWorkspace ws) {
+  using S = MmaShape<T, D>;
+  constexpr int kWarps = S::kWarps, kSegs = S::kSegs, kTiles = S::kTiles, kKeys = S::kKeys;
+  static_assert(kG <= 8, "query heads are the A rows 0-7 (rows 8-15 stay zero)");
+  __shared__ float sm_acc[kWarps][kG][D];
+  __shared__ float2 sm_ml[kWarps][kG];
+  PdlEnter();
+  const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int G = p.Hq / p.Hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tok = p.rows[r], seq = p.row_seq[r], ctx = p.ctx_lens[r];
+  const int part = (ctx + splits - 1) / splits;
+  const int kbeg = split * part, kend = min(ctx, kbeg + part);
+  const int bs = p.block_size;
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride);
+  const T* Kc = static_cast<const T*>(p.k_cache);
+  const T* Vc = static_cast<const T*>(p.v_cache);
+
+  // Q as A fragments (rows g < G real, rows 8-15 zero: a[1] = a[3] = 0).
+  uint32_t qa[2 * kSegs][2];
+  {
+    const T* Q = static_cast<const T*>(p.q) + (static_cast<int64_t>(tok) * p.Hq + hk * G + g) * D + 8 * t;
+#pragma unroll
+    for (int s = 0; s < kSegs; ++s) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (g < G) v = __ldg(reinterpret_cast<const uint4*>(Q + 32 * s));
+      qa[2 * s][0] = v.x;
+      qa[2 * s][1] = v.y;
+      qa[2 * s + 1][0] = v.z;
+      qa[2 * s + 1][1] = v.w;
+    }
+  }
+  const float qscale = p.scale * kLog2e;  // softmax in base 2
+  float m = -INFINITY, l = 0.0f;          // of head g, over this lane's columns (m: the row's)
+  float acc[S::kBlocks][4] = {};
+
+  for (int jb = kbeg + warp * kKeys; jb < kend; jb += kWarps * kKeys) {
+    uint4 kr[kTiles][kSegs], vr[kTiles][kSegs];
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const int j = jb + 8 * i + g;  // the key this lane loads for tile i
+      if (j < kend) {
+        const int64_t slot = static_cast<int64_t>(bt[j / bs]) * bs + j % bs;
+        const int64_t off = (slot * p.Hkv + hk) * D + 8 * t;
+#pragma unroll
+        for (int s = 0; s < kSegs; ++s) {
+          kr[i][s] = __ldg(reinterpret_cast<const uint4*>(Kc + off + 32 * s));
+          vr[i][s] = __ldg(reinterpret_cast<const uint4*>(Vc + off + 32 * s));
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < kSegs; ++s) kr[i][s] = vr[i][s] = make_uint4(0u, 0u, 0u, 0u);
       }
     }
-    const int h = hk * G + g;
-    if (splits == 1) {
-      O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
-    } else {
-      const int64_t w = (static_cast<int64_t>(r) * p.Hq + h) * splits + split;
-      ws.acc[w * D + d] = A;
-      if (d == 0) ws.ml[w] = make_float2(M, L);
+    // S tiles: c[0], c[1] = head g, keys jb + 8i + 2t, + 1 (c[2], c[3]: rows 8-15).
+    float sc[kTiles][4];
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[i][e] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kSegs; ++s) {
+        const uint32_t a0[4] = {qa[2 * s][0], 0u, qa[2 * s][1], 0u};
+        const uint32_t a1[4] = {qa[2 * s + 1][0], 0u, qa[2 * s + 1][1], 0u};
+        Mma16816<T>(sc[i], a0, kr[i][s].x, kr[i][s].y);
+        Mma16816<T>(sc[i], a1, kr[i][s].z, kr[i][s].w);
+      }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool valid = jb + 8 * i + 2 * t + e < kend;
+        sc[i][e] = valid ? sc[i][e] * qscale : -INFINITY;
+        mx = fmaxf(mx, sc[i][e]);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m, mx);  // > -inf: the warp's first key of this iteration is valid
+    const float corr = exp2f(m - mn);
+    m = mn;
+    l *= corr;
+#pragma unroll
+    for (int b = 0; b < S::kBlocks; ++b) {
+      acc[b][0] *= corr;
+      acc[b][1] *= corr;
+    }
+    uint32_t pa[kTiles];  // P of tile i, this lane's two keys, as 16-bit pairs
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const float p0 = exp2f(sc[i][0] - mn), p1 = exp2f(sc[i][1] - mn);
+      l += p0 + p1;
+      pa[i] = Pack2<T>(p0, p1);
+    }
+    // O += P V, 16 keys (tiles 2q, 2q + 1) a k-step.
+#pragma unroll
+    for (int q = 0; q < kTiles / 2; ++q) {
+      const uint32_t a[4] = {pa[2 * q], 0u, pa[2 * q + 1], 0u};
+#pragma unroll
+      for (int s = 0; s < kSegs; ++s) {
+        const uint32_t w0[4] = {vr[2 * q][s].x, vr[2 * q][s].y, vr[2 * q][s].z, vr[2 * q][s].w};
+        const uint32_t w1[4] = {vr[2 * q + 1][s].x, vr[2 * q + 1][s].y, vr[2 * q + 1][s].z, vr[2 * q + 1][s].w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) Mma16816<T>(acc[4 * s + w], a, MovMatrixTrans(w0[w]), MovMatrixTrans(w1[w]));
+      }
     }
   }
-  if (splits == 1) return;
 
-  // The last split CTA of this (row, kv head) to finish merges all splits
-  // (no separate combine kernel): publish this CTA's partials, count it in.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = LastBlockToFinish(ws.done + static_cast<int64_t>(r) * p.Hkv + hk, splits);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // One warp per query head: lane s holds split s's (max, sum) (splits <=
-  // 32); the acc loads of all splits are independent. __ldcg: the partials
-  // of other CTAs, read from L2, never from a stale L1 line.
-  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;
-  for (int g = warp; g < G; g += kThreads / 32) {
-    const int h = hk * G + g;
-    const int64_t base = (static_cast<int64_t>(r) * p.Hq + h) * splits;
-    const float2 ml = wl < splits ? __ldcg(ws.ml + base + wl) : make_float2(-INFINITY, 0.0f);
-    float M = ml.x;
+  // This warp's part: head g's (max, sum) and O dims 32s + 8t + [0, 8).
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < G) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    const float wgt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
-    float L = ml.y * wgt;
+    for (int s = 0; s < kSegs; ++s) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-    // Every lane takes part in the shuffles, also past D (head dims < 32).
-    // All splits' loads of a 32-dim slice are issued before the first use:
-    // one L2 round trip a slice, where a loop of dependent batches of 8 took
-    // 16 at D = 128 and 32 splits (B = 1, context 2048: this kernel took
-    // 22 us a layer of the 8B decode step, 7x its bytes at copy bandwidth).
-    for (int d0 = 0; d0 < D; d0 += 32) {
-      const int d = d0 + wl;
-      float a[kPagedMaxSplits];
-#pragma unroll
-      for (int sp = 0; sp < kPagedMaxSplits; ++sp)
-        a[sp] = sp < splits && d < D ? __ldcg(ws.acc + (base + sp) * D + d) : 0.0f;
-      float A = 0.0f;
-#pragma unroll
-      for (int sp = 0; sp < kPagedMaxSplits; ++sp) A = fmaf(__shfl_sync(0xffffffffu, wgt, sp), a[sp], A);
-      if (d < D) O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
+      for (int w = 0; w < 4; ++w) {
+        sm_acc[warp][g][32 * s + 8 * t + 2 * w] = acc[4 * s + w][0];
+        sm_acc[warp][g][32 * s + 8 * t + 2 * w + 1] = acc[4 * s + w][1];
+      }
     }
+    if (t == 0) sm_ml[warp][g] = make_float2(m, l);
   }
+  __syncthreads();
+  MergeAndStore<T, D, kG, kWarps>(p, ws, sm_acc, sm_ml, tok, r, hk, split, splits);
+}
+
+// Whether a launch the tensor-core kernel can run takes it: p.kernel, else
+// FUSEDSERVE_PAGED_MMA=0/1, else yes.
+bool UseTensorCores(const PagedAttentionParams& p) {
+  static const int env = [] {
+    const char* e = std::getenv("FUSEDSERVE_PAGED_MMA");
+    return e != nullptr && (*e == '0' || *e == '1') ? *e - '0' : -1;
+  }();
+  if (p.kernel >= 0) return p.kernel == 1;
+  return env != 0;
 }
 
 template <typename T, int D, int kG>
@@ -378,6 +573,10 @@ CudaStatus LaunchPagedTyped(const PagedAttentionParams& p, int splits, void* wor
   ws.ml = reinterpret_cast<float2*>(ws.acc + slots * D);
   ws.done = reinterpret_cast<unsigned*>(ws.ml + slots);
   const dim3 grid(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(splits));
+  if constexpr (sizeof(T) == 2 && (D == 64 || D == 128) && kG <= 8) {
+    if (UseTensorCores(p))
+      return LaunchKernel(PagedAttentionMmaKernel<T, D, kG>, grid, dim3(kThreads), 0, stream, 1, p, ws);
+  }
   return LaunchKernel(PagedAttentionKernel<T, D, kG>, grid, dim3(kThreads), 0, stream, 1, p, ws);
 }
 

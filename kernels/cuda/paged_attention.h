@@ -66,6 +66,10 @@ struct PagedAttentionParams {
   int block_size = 0;
   int R = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0.0f;
+  // Where both can run (bf16/fp16, head dim 64 or 128): -1 the default
+  // (FUSEDSERVE_PAGED_MMA=0/1, else tensor cores), 0 the CUDA-core kernel,
+  // 1 the tensor-core kernel. Other shapes always take the CUDA-core kernel.
+  int kernel = -1;
 };
 
 // Head dims 16, 32, 64, 128; at most 8 query heads per kv head.

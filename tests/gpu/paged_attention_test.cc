@@ -4,7 +4,8 @@
 // to cpu::AttentionDecode. Rows of several sequences with mixed context
 // lengths (decode rows and prefill-chunk rows of one sequence), every dtype,
 // every supported head dim, GQA up to 8, one split and several (the combine
-// pass, workspace counters reused across launches). Outputs are poisoned
+// pass, workspace counters reused across launches), both kernels (CUDA
+// cores; tensor cores for 16-bit types at head dims 64 and 128). Outputs are poisoned
 // with 0xFF (NaN); the one token no row names must stay poisoned. Relative
 // error norm per row set. Skips without a GPU.
 #include "kernels/cuda/paged_attention.h"
@@ -126,27 +127,31 @@ void CheckPaged(const PagedCase& c, uint64_t seed) {
   const int max_ctx = *std::max_element(c.ctx_lens.begin(), c.ctx_lens.end());
   const int tuned = cuda::PagedAttentionSplits(R, c.Hkv, max_ctx, prop.multiProcessorCount);
   const size_t elem = DTypeSize(c.dt);
-  for (int splits : {1, tuned, 4, cuda::kPagedMaxSplits, 4}) {  // 4 twice: counters left at zero
-    if (int64_t{R} * splits > cuda::kPagedMaxSplitRows) continue;
-    SCOPED_TRACE("splits " + std::to_string(splits));
-    ASSERT_EQ(cudaMemset(o, 0xFF, o_bytes), cudaSuccess);
-    const CudaStatus s = cuda::LaunchPagedAttention(p, splits, splits > 1 ? ws : nullptr, nullptr);
-    ASSERT_TRUE(s.ok()) << s.message;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
-    std::string got_bytes(o_bytes, '\0');
-    ASSERT_EQ(cudaMemcpy(got_bytes.data(), o, o_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    HostTensor got;
-    got.dtype = c.dt;
-    got.shape = {T, c.Hq, c.D};
-    got.data = got_bytes;
-    const std::vector<float> gf = got.ToFloat();
-    std::vector<float> by_row(ref.size());
-    for (int r = 0; r < R; ++r) std::copy_n(gf.begin() + rows[r] * q_elems, q_elems, by_row.begin() + r * q_elems);
-    const double tol = c.dt == DType::kF32 ? 1e-5 : (c.dt == DType::kF16 ? 2e-3 : 1e-2);
-    EXPECT_LE(RelErrorNorm(by_row, ref), tol);  // NaN (an unwritten row) fails too
-    const std::string untouched = got_bytes.substr(static_cast<size_t>(R) * q_elems * elem);
-    EXPECT_EQ(untouched, std::string(untouched.size(), '\xFF')) << "the row no query names was written";
-  }
+  // Both kernels: CUDA cores (0) and tensor cores (1; bf16/fp16 at D 64/128,
+  // the CUDA-core kernel elsewhere).
+  for (int kernel : {0, 1})
+    for (int splits : {1, tuned, 4, 5, cuda::kPagedMaxSplits, 4}) {  // 4 twice: counters left at zero
+      if (int64_t{R} * splits > cuda::kPagedMaxSplitRows) continue;
+      SCOPED_TRACE("splits " + std::to_string(splits) + " kernel " + std::to_string(kernel));
+      p.kernel = kernel;
+      ASSERT_EQ(cudaMemset(o, 0xFF, o_bytes), cudaSuccess);
+      const CudaStatus s = cuda::LaunchPagedAttention(p, splits, splits > 1 ? ws : nullptr, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+      std::string got_bytes(o_bytes, '\0');
+      ASSERT_EQ(cudaMemcpy(got_bytes.data(), o, o_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      HostTensor got;
+      got.dtype = c.dt;
+      got.shape = {T, c.Hq, c.D};
+      got.data = got_bytes;
+      const std::vector<float> gf = got.ToFloat();
+      std::vector<float> by_row(ref.size());
+      for (int r = 0; r < R; ++r) std::copy_n(gf.begin() + rows[r] * q_elems, q_elems, by_row.begin() + r * q_elems);
+      const double tol = c.dt == DType::kF32 ? 1e-5 : (c.dt == DType::kF16 ? 2e-3 : 1e-2);
+      EXPECT_LE(RelErrorNorm(by_row, ref), tol);  // NaN (an unwritten row) fails too
+      const std::string untouched = got_bytes.substr(static_cast<size_t>(R) * q_elems * elem);
+      EXPECT_EQ(untouched, std::string(untouched.size(), '\xFF')) << "the row no query names was written";
+    }
   for (void* a : allocs) cudaFree(a);
 }
 
@@ -161,6 +166,10 @@ TEST(PagedAttentionTest, MatchesTheReference) {
       CheckPaged({dt, 4, 4, D, {33, 34, 35, 36, 37, 5}, {0, 0, 0, 0, 0, 1}, 32}, ++seed);
     }
     CheckPaged({dt, 32, 4, 128, {4096, 77}, {0, 1}}, ++seed);  // GQA 8, a long context
+    // The 1B and 8B decode shapes (GQA 4), rows of lengths around the tensor-core
+    // kernel's key tiles (8 keys) and warp iterations (16-32 keys, x 4 warps).
+    CheckPaged({dt, 32, 8, 64, {1, 8, 9, 31, 33, 128, 129, 2048}, {0, 1, 2, 3, 4, 5, 6, 7}}, ++seed);
+    CheckPaged({dt, 32, 8, 128, {2, 15, 16, 17, 255, 257, 1000}, {0, 1, 2, 3, 4, 5, 6}}, ++seed);
   }
 }
 

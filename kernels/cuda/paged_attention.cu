@@ -394,8 +394,9 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
 // by MergeAndStore), with both products on mma.sync m16n8k16 instead of
 // per-key dot products and shuffles (the CUDA-core kernel's bound at long
 // contexts). The G query heads of a kv head are the A rows (padded to 16).
-// No shared memory and only 16-byte loads: the head dimension is permuted so
-// that each lane's fragments come from one 16-byte load.
+// K and V go straight from global memory to fragments (shared memory holds
+// only the warps' partials for the merge), in 16-byte loads: the head
+// dimension is permuted so that each lane's fragments come from one load.
 //   S = Q K^T, k-step 2s + e (16 dims): lane (g, t) = (lane / 4, lane % 4)
 //     holds dims 32s + 8t + 4e + {0, 1} (k positions 2t, 2t + 1) and
 //     + {2, 3} (k positions 2t + 8, 2t + 9), of query head g (A) and of key

@@ -89,19 +89,6 @@ struct HopperParams {
   bool causal;
 };
 
-template <typename T>
-__device__ __forceinline__ uint32_t Pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t Pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 // ---- mbarrier and TMA -------------------------------------------------------
 
 // One box of a 3D map ({column, head, row} coordinates) into shared memory,

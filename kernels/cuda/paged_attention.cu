@@ -179,6 +179,20 @@ struct SplitWorkspace {
   unsigned* done;
 };
 
+// Query row r's token, its split's keys [kbeg, kend) (each row cuts its own
+// context in `splits` equal parts) and its sequence's block-table row.
+struct SplitKeys {
+  int tok, kbeg, kend;
+  const int32_t* bt;
+};
+__device__ __forceinline__ SplitKeys SplitKeysOf(const PagedAttentionParams& p, int r, int split, int splits) {
+  const int seq = p.row_seq[r], ctx = p.ctx_lens[r];
+  const int part = (ctx + splits - 1) / splits;
+  const int kbeg = split * part;
+  return {p.rows[r], kbeg, min(ctx, kbeg + part),
+          p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride)};
+}
+
 // The CTA's kParts partial softmax states (sm_ml: (max, sum) in log2 units
 // per part and query head; sm_acc: their unnormalised O) -> O when the row's
 // context is one split; else this split's partials into the workspace, and
@@ -267,12 +281,11 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
   PdlEnter();
   const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int G = p.Hq / p.Hkv;
-  const int tok = p.rows[r], seq = p.row_seq[r], ctx = p.ctx_lens[r];
-  const int part = (ctx + splits - 1) / splits;
-  const int kbeg = split * part, kend = min(ctx, kbeg + part);
+  const SplitKeys sk = SplitKeysOf(p, r, split, splits);
+  const int tok = sk.tok, kbeg = sk.kbeg, kend = sk.kend;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, d0 = lane * 8;
   const int bs = p.block_size;
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride);
+  const int32_t* bt = sk.bt;
   const T* Kc = static_cast<const T*>(p.k_cache);
   const T* Vc = static_cast<const T*>(p.v_cache);
   // Element offset of key j's (kv head hk, lane) vector in the cache.
@@ -437,11 +450,10 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D>::kMinBlocks)
   const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int G = p.Hq / p.Hkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int tok = p.rows[r], seq = p.row_seq[r], ctx = p.ctx_lens[r];
-  const int part = (ctx + splits - 1) / splits;
-  const int kbeg = split * part, kend = min(ctx, kbeg + part);
+  const SplitKeys sk = SplitKeysOf(p, r, split, splits);
+  const int tok = sk.tok, kbeg = sk.kbeg, kend = sk.kend;
   const int bs = p.block_size;
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride);
+  const int32_t* bt = sk.bt;
   const T* Kc = static_cast<const T*>(p.k_cache);
   const T* Vc = static_cast<const T*>(p.v_cache);
 

@@ -66,6 +66,7 @@
 #include "kernels/cuda/attention_hopper.h"
 #include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/decode_megakernel.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
@@ -302,6 +303,7 @@ class CudaModelRunner final : public ModelRunner {
       return status;
     if (absl::Status status = Cuda(cudaMemsetAsync(v_cache_.get(), 0, bytes, stream_), "V cache clear"); !status.ok())
       return status;
+    if (absl::Status status = InitMegakernel(); !status.ok()) return status;
     const int64_t max_ctx = std::min<int64_t>(table_rows_, num_blocks * block_size);
     max_bt_width_ = std::max<int64_t>(1, (max_ctx + block_size - 1) / block_size);
     if (absl::Status status = Reserve(cap_tokens_, cap_seqs_); !status.ok()) return status;
@@ -962,6 +964,61 @@ class CudaModelRunner final : public ModelRunner {
     return CudaToAbsl(cuda::LaunchRopeKvWrite(rp, stream_), "rope_kv_write");
   }
 
+  // The decode megakernel (decode_megakernel.h) for one-row steps, when the
+  // fusion mask asks for it and the model fits it: its layer table (weights
+  // and this cache's layers) and workspace, rebuilt with the cache.
+  absl::Status InitMegakernel() {
+    mega_ = (fuse_ & CudaModelRunnerOptions::kDecodeMegakernel) != 0 && group_ == nullptr &&
+            cuda::DecodeMegakernelSupported(dt_, static_cast<int>(c_.hidden), static_cast<int>(c_.intermediate),
+                                            static_cast<int>(c_.q_heads), static_cast<int>(c_.kv_heads),
+                                            static_cast<int>(c_.head_dim));
+    if (!mega_) return absl::OkStatus();
+    std::vector<cuda::MegaLayer> table(c_.layers);
+    for (int64_t l = 0; l < c_.layers; ++l) {
+      const Layer& L = layers_[l];
+      table[l] = {L.attn_norm.get(), L.wqkv.get(), L.wo.get(), L.mlp_norm.get(),
+                  L.gate_up.get(),   L.down.get(), KCache(l),  VCache(l)};
+    }
+    const size_t ws =
+        cuda::DecodeMegakernelWorkspaceBytes(static_cast<int>(c_.hidden), static_cast<int>(c_.intermediate),
+                                             static_cast<int>(c_.q_heads), static_cast<int>(c_.head_dim));
+    if (absl::Status status = CudaToAbsl(mega_layers_.Allocate(table.size() * sizeof(table[0])), "megakernel table");
+        !status.ok())
+      return status;
+    if (absl::Status status = CudaToAbsl(mega_ws_.Allocate(ws), "megakernel workspace"); !status.ok()) return status;
+    if (absl::Status status = Cuda(cudaMemsetAsync(mega_ws_.get(), 0, ws, stream_), "megakernel workspace clear");
+        !status.ok())
+      return status;
+    return Cuda(cudaMemcpyAsync(mega_layers_.get(), table.data(), table.size() * sizeof(table[0]),
+                                cudaMemcpyHostToDevice, stream_),
+                "megakernel table upload");
+  }
+
+  // Every layer of a one-row decode step in the megakernel: x_[0] holds the
+  // residual row before and after.
+  absl::Status EnqueueMegakernelLayers() {
+    cuda::DecodeMegaParams p;
+    p.dtype = dt_;
+    p.layers = mega_layers_.as<cuda::MegaLayer>();
+    p.num_layers = static_cast<int>(c_.layers);
+    p.D = static_cast<int>(c_.hidden);
+    p.I = static_cast<int>(c_.intermediate);
+    p.Hq = static_cast<int>(c_.q_heads);
+    p.Hkv = static_cast<int>(c_.kv_heads);
+    p.Dh = static_cast<int>(c_.head_dim);
+    p.eps = static_cast<float>(c_.rms_eps);
+    p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_dim)));
+    p.x = x_[0].get();
+    p.position = Idx(ix_.positions);
+    p.slot = Idx(ix_.slots);
+    p.ctx = Idx(ix_.ctx);
+    p.block_table = Idx(ix_.block_tables);
+    p.block_size = static_cast<int>(block_size_);
+    p.cos_sin = cos_sin_.as<float2>();
+    p.workspace = mega_ws_.get();
+    return CudaToAbsl(cuda::LaunchDecodeMegakernel(p, stream_), "decode megakernel");
+  }
+
   // The decode step on the fused GEMVs (gemv.h), 5 kernels a layer instead
   // of 8 with every fusion (fuse_ bits, CudaModelRunnerOptions::decode_fusion):
   //   norm  QKV and gate_up fold the RMS norm of the residual in, o_proj and
@@ -982,13 +1039,23 @@ class CudaModelRunner final : public ModelRunner {
       return CudaToAbsl(cuda::LaunchGemvFused(dt_, T, N, K, x, w, y, f, stream_), what);
     };
     int cur = 0;
-    if (!fuse_norm) {
+    const bool mega = mega_ && T == 1;
+    if (mega) {
+      if (absl::Status status = EnqueueMegakernelLayers(); !status.ok()) return status;
+      // What the last layer's add + norm leaves for an LM head without the norm folded in.
+      if (!fuse_norm) {
+        if (absl::Status status =
+                Norm(cuda::NormKind::kRms, x_[0].get(), nullptr, final_norm_.get(), T, h_.get(), nullptr);
+            !status.ok())
+          return status;
+      }
+    } else if (!fuse_norm) {
       if (absl::Status status =
               Norm(cuda::NormKind::kRms, x_[0].get(), nullptr, layers_[0].attn_norm.get(), T, h_.get(), nullptr);
           !status.ok())
         return status;
     }
-    for (int64_t l = 0; l < c_.layers; ++l) {
+    for (int64_t l = 0; l < (mega ? 0 : c_.layers); ++l) {
       const Layer& L = layers_[l];
       cuda::GemvFusion qkv;
       if (fuse_norm) {
@@ -1339,7 +1406,9 @@ class CudaModelRunner final : public ModelRunner {
   // Unsharded: o_proj / down on cuBLASLt add the residual (ProjectAddNorm;
   // FUSEDSERVE_RESIDUAL_IN_GEMM=0: never).
   bool residual_in_gemm_ = false;
-  int fuse_ = 0;  // decode fusion mask: options.decode_fusion, or FUSEDSERVE_DECODE_FUSION
+  int fuse_ = 0;                        // decode fusion mask: options.decode_fusion, or FUSEDSERVE_DECODE_FUSION
+  bool mega_ = false;                   // one-row decode steps run the megakernel (InitMegakernel)
+  DeviceBuffer mega_layers_, mega_ws_;  // its layer table and workspace
   cudaStream_t stream_ = nullptr;
 
   DeviceBuffer embed_, final_norm_, lm_head_own_;  // lm_head_own_: a rank's rows when vocab_parallel_

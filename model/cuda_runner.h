@@ -42,7 +42,12 @@ struct CudaModelRunnerOptions {
   // H100 at B=1 (bench/notes/decode_fusion.md): rope 1.238 ms, norm 1.239,
   // none 1.245, both 1.293 (the norm-folded SwiGLU GEMV runs ~3 us slower a
   // layer next to the rope epilogue); every mask is tested.
-  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2;
+  //   kDecodeMegakernel  one-row steps run every layer in one persistent
+  //                    kernel (kernels/cuda/decode_megakernel.h) where the
+  //                    model fits it (one GPU, bf16/fp16, head dim 64/128,
+  //                    GQA group 1/2/4); the mask's other bits then apply to
+  //                    the LM head and to steps of more rows.
+  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2, kDecodeMegakernel = 4;
   int decode_fusion = kDecodeFuseRope;
   // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
   // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is

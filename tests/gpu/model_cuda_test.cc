@@ -346,14 +346,16 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
 
 // The fused decode layers (CudaModelRunnerOptions::decode_fusion: rope +
 // cache write in the QKV GEMV, norms folded into the GEMVs with the residual
-// adds in their epilogues, and both) against the unfused kernels and the CPU
-// runner: decode steps of 1, 2 and 4 sequences (the GEMV buckets), from
-// graphs and eagerly, logits of every step. (The environment's
+// adds in their epilogues, and both; with the megakernel bit, one-row steps
+// run every layer in the decode megakernel) against the unfused kernels and
+// the CPU runner: decode steps of 1, 2 and 4 sequences (the GEMV buckets),
+// from graphs and eagerly, logits of every step. (The environment's
 // FUSEDSERVE_DECODE_FUSION, when set, overrides every runner's mask.)
 TEST_P(ModelCudaTest, FusedDecodeMatchesUnfused) {
   const ModelConfig c = Config();
   const int64_t bs = 16;
-  for (int mask : {1, 2, 3}) {
+  constexpr int kMega = CudaModelRunnerOptions::kDecodeMegakernel;
+  for (int mask : {1, 2, 3, kMega | 1, kMega | 2}) {
     for (bool graphs : {true, false}) {
       for (int64_t B : {1, 2, 4}) {
         if (!graphs && B == 2) continue;

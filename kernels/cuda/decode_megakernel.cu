@@ -1,0 +1,482 @@
+// The one-sequence decode megakernel (see decode_megakernel.h).
+//
+// Grid: one CTA of 16 warps per SM, launched cooperatively (every CTA
+// resident, as the grid barrier needs). Work of a GEMV stage is spread over
+// all warps of the grid: warp gw takes output units gw, gw + warps, ... (a
+// unit is a pair of weight rows, as in gemv.cu: a rotation pair of QKV, a
+// gate/up pair of the SwiGLU), streaming its rows with 16-byte evict-first
+// loads against the stage's input row, which every CTA holds in shared
+// memory as fp32 (normalised there when the stage starts with an RMS norm).
+// The attention of the one query row takes one CTA per kv head: its warps
+// split the context, each keeps an online softmax for the kv head's query
+// heads, and the CTA merges them through shared memory. Rows that pass
+// between stages (q, the attention output, the SwiGLU activation) stay fp32
+// in the workspace; the residual row x is updated in place in the model
+// dtype, as the unfused kernels store it. Data written by other CTAs in an
+// earlier stage (x, those rows, the new token's cache row) is read through
+// L2 (__ldcg): L1 is not coherent across SMs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/decode_megakernel.h"
+
+namespace fusedserve::cuda {
+namespace {
+
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kUnroll = 4;  // 16-byte vectors per weight row in flight per lane
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr size_t kSyncBytes = 256;  // the barrier's counter and generation, then the fp32 rows
+
+template <typename T>
+__device__ __forceinline__ void Unpack8(const uint4& u, float (&f)[8]) {
+  const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = ToFloat(e[i]);
+}
+
+__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Every CTA of the grid arrives before any leaves; the writes of all CTAs
+// before it are visible to all after it. count returns to zero each time.
+__device__ __forceinline__ void GridBarrier(unsigned* count, unsigned* gen) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned g = LoadAcquire(gen);
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      atomicExch(count, 0u);
+      __threadfence();
+      atomicAdd(gen, 1u);
+    } else {
+      while (LoadAcquire(gen) == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// xs[i] = x[i] (fp32), and with a norm weight xs[i] = x[i] * rstd * w[i],
+// rstd = rsqrt(mean(x^2) + eps). x: n elements written by other CTAs (via
+// L2); n a multiple of 8. Ends with __syncthreads.
+template <typename X, typename T>
+__device__ void LoadRow(const X* x, const T* norm_w, int n, float eps, float* xs, float* red) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x * 8; i < n; i += kThreads * 8) {
+    float f[8];
+    if constexpr (sizeof(X) == 4) {
+      const float4 a = __ldcg(reinterpret_cast<const float4*>(x + i));
+      const float4 b = __ldcg(reinterpret_cast<const float4*>(x + i + 4));
+      f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    } else {
+      Unpack8<X>(__ldcg(reinterpret_cast<const uint4*>(x + i)), f);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      xs[i + e] = f[e];
+      ss = fmaf(f[e], f[e], ss);
+    }
+  }
+  if (norm_w == nullptr) {
+    __syncthreads();
+    return;
+  }
+  ss = WarpSum(ss);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += red[w];
+  const float rstd = rsqrtf(total / static_cast<float>(n) + eps);
+  for (int i = threadIdx.x * 8; i < n; i += kThreads * 8) {
+    float w[8];
+    Unpack8<T>(__ldg(reinterpret_cast<const uint4*>(norm_w + i)), w);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) xs[i + e] = xs[i + e] * rstd * w[e];
+  }
+  __syncthreads();  // also: red is free for the next call
+}
+
+// (w0 . xs, w1 . xs) over K elements (K a multiple of 8), in every lane.
+template <typename T>
+__device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float* xs, int K) {
+  const int lane = threadIdx.x & 31;
+  const int nvec = K / 8;
+  const uint4* a = reinterpret_cast<const uint4*>(w0);
+  const uint4* b = reinterpret_cast<const uint4*>(w1);
+  float s0 = 0.0f, s1 = 0.0f;
+  for (int base = lane; base < nvec; base += 32 * kUnroll) {
+    uint4 ra[kUnroll], rb[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + 32 * u;
+      if (i < nvec) {
+        ra[u] = __ldcs(a + i);
+        rb[u] = __ldcs(b + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + 32 * u;
+      if (i < nvec) {
+        const float4 x0 = *reinterpret_cast<const float4*>(xs + 8 * i);
+        const float4 x1 = *reinterpret_cast<const float4*>(xs + 8 * i + 4);
+        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float fa[8], fb[8];
+        Unpack8<T>(ra[u], fa);
+        Unpack8<T>(rb[u], fb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          s0 = fmaf(fa[e], xv[e], s0);
+          s1 = fmaf(fb[e], xv[e], s1);
+        }
+      }
+    }
+  }
+  return make_float2(WarpSum(s0), WarpSum(s1));
+}
+
+// Lane 0 of the warp prefetches rows r0 and r1 (row_bytes each) into L2.
+__device__ __forceinline__ void PrefetchRows(const void* w, int64_t r0, int64_t r1, int64_t row_bytes, bool on) {
+  if (!on || (threadIdx.x & 31) != 0) return;
+  const char* base = static_cast<const char*>(w);
+  PrefetchL2(base + r0 * row_bytes, row_bytes);
+  PrefetchL2(base + r1 * row_bytes, row_bytes);
+}
+
+// The attention of the query row for kv head hk (one CTA): its G query heads
+// (q pre-rotated, fp32 in qf) over keys [0, ctx) of the paged cache -> aof.
+// The warps form G / GW groups of GW query heads each (GW <= 2: four heads'
+// accumulators in one lane pushed the kernel past 128 registers a thread), a
+// group's warps split the keys, D/8 lanes a key, and keep an online softmax
+// per head; the CTA merges them through shared memory. qs: G * Dh floats of
+// shared memory (the stage's free input row); att: kWarps * GW * (Dh + 2).
+template <typename T, int Dh, int G>
+__device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int hk, int ctx, const float* qf,
+                             float* aof, float* qs, float* att) {
+  constexpr int GW = G > 2 ? 2 : G;  // query heads a warp keeps
+  constexpr int kWarpsPerGroup = kWarps / (G / GW);
+  constexpr int kLanes = Dh / 8;             // lanes per key, 8 dims each
+  constexpr int kKeysPerWarp = 32 / kLanes;  // keys a warp takes per step
+  constexpr int kU = 4;                      // steps whose loads are in flight together
+  constexpr int kStride = kWarpsPerGroup * kKeysPerWarp;
+  constexpr int kRow = Dh + 2;  // att row: acc[Dh], m, l
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g0 = (warp / kWarpsPerGroup) * GW, wi = warp % kWarpsPerGroup;
+  const int grp = lane / kLanes, d0 = (lane % kLanes) * 8;
+  const float qscale = p.scale * kLog2e;  // softmax in base 2
+  for (int i = threadIdx.x; i < G * Dh; i += kThreads) qs[i] = __ldcg(qf + hk * G * Dh + i) * qscale;
+  __syncthreads();
+  float m[GW], l[GW], acc[GW][8];
+#pragma unroll
+  for (int g = 0; g < GW; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  }
+  const T* Kc = static_cast<const T*>(L.k_cache);
+  const T* Vc = static_cast<const T*>(L.v_cache);
+  const int bs = p.block_size;
+  // The trip count is the warp's (jw), not the lane's: the score shuffles
+  // need every lane.
+  for (int jw = wi * kKeysPerWarp; jw < ctx; jw += kStride * kU) {
+    const int j0 = jw + grp;  // this lane's key in step 0
+    uint4 kr[kU], vr[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int j = j0 + u * kStride;
+      if (j < ctx) {
+        const int64_t slot = static_cast<int64_t>(p.block_table[j / bs]) * bs + j % bs;
+        const int64_t off = (slot * p.Hkv + hk) * Dh + d0;
+        kr[u] = __ldcg(reinterpret_cast<const uint4*>(Kc + off));
+        vr[u] = __ldcg(reinterpret_cast<const uint4*>(Vc + off));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const bool valid = j0 + u * kStride < ctx;
+      float kf[8], vf[8];
+      Unpack8<T>(valid ? kr[u] : make_uint4(0u, 0u, 0u, 0u), kf);
+      Unpack8<T>(valid ? vr[u] : make_uint4(0u, 0u, 0u, 0u), vf);
+#pragma unroll
+      for (int g = 0; g < GW; ++g) {
+        const float4 qa = *reinterpret_cast<const float4*>(qs + (g0 + g) * Dh + d0);
+        const float4 qb = *reinterpret_cast<const float4*>(qs + (g0 + g) * Dh + d0 + 4);
+        const float q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s = fmaf(q[e], kf[e], s);
+#pragma unroll
+        for (int o = 1; o < kLanes; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (valid) {
+          const float mn = fmaxf(m[g], s);
+          const float c = exp2f(m[g] - mn);  // 0 while m is -inf
+          const float pr = exp2f(s - mn);
+          l[g] = l[g] * c + pr;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], c, pr * vf[e]);
+          m[g] = mn;
+        }
+      }
+    }
+  }
+  // The warp's key groups into group 0 (lanes kLanes apart hold the same dims).
+#pragma unroll
+  for (int o = kLanes; o < 32; o <<= 1) {
+#pragma unroll
+    for (int g = 0; g < GW; ++g) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[g], o);
+      const float lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+      const float M = fmaxf(m[g], mo);
+      const float c0 = m[g] == -INFINITY ? 0.0f : exp2f(m[g] - M);
+      const float c1 = mo == -INFINITY ? 0.0f : exp2f(mo - M);
+      l[g] = l[g] * c0 + lo * c1;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+        acc[g][e] = acc[g][e] * c0 + ao * c1;
+      }
+      m[g] = M;
+    }
+  }
+  if (grp == 0) {
+#pragma unroll
+    for (int g = 0; g < GW; ++g) {
+      float* r = att + (warp * GW + g) * kRow;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r[d0 + e] = acc[g][e];
+      if (d0 == 0) {
+        r[Dh] = m[g];
+        r[Dh + 1] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  // Head g's warps: those of its group, each with its state at slot g % GW.
+  for (int idx = threadIdx.x; idx < G * Dh; idx += kThreads) {
+    const int g = idx / Dh, d = idx % Dh;
+    const int w0 = (g / GW) * kWarpsPerGroup, gs = g % GW;
+    float M = -INFINITY;
+    for (int w = w0; w < w0 + kWarpsPerGroup; ++w) M = fmaxf(M, att[(w * GW + gs) * kRow + Dh]);
+    float Ls = 0.0f, A = 0.0f;
+    for (int w = w0; w < w0 + kWarpsPerGroup; ++w) {
+      const float* r = att + (w * GW + gs) * kRow;
+      if (r[Dh] == -INFINITY) continue;
+      const float c = exp2f(r[Dh] - M);
+      Ls += r[Dh + 1] * c;
+      A += r[d] * c;
+    }
+    aof[(hk * G + g) * Dh + d] = Ls > 0.0f ? A / Ls : 0.0f;
+  }
+}
+
+template <typename T, int Dh, int G>
+__global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams p, int vec_floats) {
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);  // [vec_floats]: the stage's input row
+  float* att = xs + vec_floats;                 // [kWarps][<= G][Dh + 2]: the attention's per-warp states
+  __shared__ float red[kWarps];
+  unsigned* count = static_cast<unsigned*>(p.workspace);
+  unsigned* gen = count + 1;
+  float* qf = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kSyncBytes);  // [Hq Dh]
+  float* aof = qf + p.Hq * Dh;                                                         // [Hq Dh]
+  float* hf = aof + p.Hq * Dh;                                                         // [I]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
+  const int D = p.D, I = p.I, Hq = p.Hq, Hkv = p.Hkv, QD = p.Hq * Dh;
+  const int pos = p.position[0], ctx = p.ctx[0];
+  const int64_t slot = p.slot[0];
+  const bool pf = p.prefetch != 0;
+  T* x = static_cast<T*>(p.x);
+  const int64_t half = Dh / 2;
+
+  for (int li = 0; li < p.num_layers; ++li) {
+    // Read where used (a copy of the table row held 16 registers through the attention).
+    const MegaLayer& L = p.layers[li];
+
+    // 1. RMS norm, QKV (row pairs), rope, q -> qf, k/v -> the cache.
+    LoadRow<T, T>(x, static_cast<const T*>(L.attn_norm), D, p.eps, xs, red);
+    const int qkv_units = (Hq + 2 * Hkv) * Dh / 2;
+    for (int u = gw; u < qkv_units; u += nw) {
+      const int64_t r0 = 2 * static_cast<int64_t>(u);
+      const T* wqkv = static_cast<const T*>(L.wqkv);
+      const float2 v = DotPair<T>(wqkv + r0 * D, wqkv + (r0 + 1) * D, xs, D);
+      if (lane == 0) {
+        const int h = static_cast<int>(r0 / Dh), e = static_cast<int>(r0 % Dh);
+        if (h < Hq + Hkv) {
+          const int i = e / 2;
+          const float2 cs = p.cos_sin[static_cast<int64_t>(pos) * half + i];
+          const float ta = v.x * cs.x - v.y * cs.y, tb = v.y * cs.x + v.x * cs.y;
+          if (h < Hq) {
+            qf[h * Dh + i] = ta;
+            qf[h * Dh + i + half] = tb;
+          } else {
+            T* k = static_cast<T*>(L.k_cache) + (slot * Hkv + (h - Hq)) * Dh;
+            k[i] = FromFloat<T>(ta);
+            k[i + half] = FromFloat<T>(tb);
+          }
+        } else {
+          T* vc = static_cast<T*>(L.v_cache) + (slot * Hkv + (h - Hq - Hkv)) * Dh + e;
+          vc[0] = FromFloat<T>(v.x);
+          vc[1] = FromFloat<T>(v.y);
+        }
+      }
+    }
+    for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.wo, 2 * u, 2 * u + 1, int64_t{QD} * sizeof(T), pf);
+    GridBarrier(count, gen);
+
+    // 2. Attention: CTA hk for kv head hk; the others prefetch their first
+    // gate/up rows meanwhile.
+    if (static_cast<int>(blockIdx.x) < Hkv) {
+      AttendKvHead<T, Dh, G>(p, L, blockIdx.x, ctx, qf, aof, xs, att);
+    } else if (gw < I) {
+      PrefetchRows(L.gate_up, gw, gw + I, int64_t{D} * sizeof(T), pf);
+    }
+    GridBarrier(count, gen);
+
+    // 3. o_proj + residual.
+    LoadRow<float, T>(aof, nullptr, QD, 0.0f, xs, red);
+    for (int u = gw; u < D / 2; u += nw) {
+      const int64_t r0 = 2 * static_cast<int64_t>(u);
+      const T* wo = static_cast<const T*>(L.wo);
+      const float2 v = DotPair<T>(wo + r0 * QD, wo + (r0 + 1) * QD, xs, QD);
+      if (lane == 0) {
+        x[r0] = FromFloat<T>(ToFloat(__ldcg(x + r0)) + v.x);
+        x[r0 + 1] = FromFloat<T>(ToFloat(__ldcg(x + r0 + 1)) + v.y);
+      }
+    }
+    GridBarrier(count, gen);
+
+    // 4. RMS norm, gate_up, SwiGLU -> hf.
+    LoadRow<T, T>(x, static_cast<const T*>(L.mlp_norm), D, p.eps, xs, red);
+    for (int u = gw; u < I; u += nw) {
+      const T* gate_up = static_cast<const T*>(L.gate_up);
+      const float2 v =
+          DotPair<T>(gate_up + static_cast<int64_t>(u) * D, gate_up + static_cast<int64_t>(u + I) * D, xs, D);
+      if (lane == 0) hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y;
+    }
+    for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.down, 2 * u, 2 * u + 1, int64_t{I} * sizeof(T), pf);
+    GridBarrier(count, gen);
+
+    // 5. down + residual.
+    LoadRow<float, T>(hf, nullptr, I, 0.0f, xs, red);
+    for (int u = gw; u < D / 2; u += nw) {
+      const int64_t r0 = 2 * static_cast<int64_t>(u);
+      const T* down = static_cast<const T*>(L.down);
+      const float2 v = DotPair<T>(down + r0 * I, down + (r0 + 1) * I, xs, I);
+      if (lane == 0) {
+        x[r0] = FromFloat<T>(ToFloat(__ldcg(x + r0)) + v.x);
+        x[r0 + 1] = FromFloat<T>(ToFloat(__ldcg(x + r0 + 1)) + v.y);
+      }
+    }
+    if (li + 1 < p.num_layers) {
+      const void* next = p.layers[li + 1].wqkv;
+      for (int u = gw; u < qkv_units; u += nw) PrefetchRows(next, 2 * u, 2 * u + 1, int64_t{D} * sizeof(T), pf);
+    }
+    GridBarrier(count, gen);
+  }
+}
+
+bool PrefetchDefault() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDSERVE_MEGA_PREFETCH");
+    return e == nullptr || *e != '0';
+  }();
+  return on;
+}
+
+int VecFloats(const DecodeMegaParams& p) { return std::max({p.D, p.I, p.Hq * p.Dh}); }
+
+template <typename T, int Dh, int G>
+CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
+  DecodeMegaParams p = params;
+  if (p.prefetch < 0) p.prefetch = PrefetchDefault() ? 1 : 0;
+  auto kernel = DecodeMegakernel<T, Dh, G>;
+  const int vec = VecFloats(p);
+  const size_t smem = (static_cast<size_t>(vec) + static_cast<size_t>(kWarps) * G * (Dh + 2)) * sizeof(float);
+  if (CudaStatus s = FS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      !s.ok())
+    return s;
+  int device = 0, sms = 0, per_sm = 0;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
+    return s;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+      !s.ok())
+    return s;
+  if (per_sm < 1 || sms < p.Hkv) return CudaStatus::Unsupported("decode megakernel: one CTA per SM does not fit");
+  const KernelRange range(reinterpret_cast<const void*>(kernel));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(sms));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  // Cooperative: the launch fails instead of deadlocking in a grid barrier
+  // if the CTAs cannot all be resident. No programmatic serialisation: the
+  // kernel starts once the previous one has left every SM.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, vec));
+}
+
+template <typename T, int Dh>
+CudaStatus LaunchGroups(const DecodeMegaParams& p, cudaStream_t stream) {
+  const int G = p.Hq / p.Hkv;
+  if (G == 1) return LaunchTyped<T, Dh, 1>(p, stream);
+  if (G == 2) return LaunchTyped<T, Dh, 2>(p, stream);
+  return LaunchTyped<T, Dh, 4>(p, stream);
+}
+
+}  // namespace
+
+bool DecodeMegakernelSupported(DType dtype, int D, int I, int Hq, int Hkv, int Dh) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  if (Dh != 64 && Dh != 128) return false;
+  if (Hkv <= 0 || Hq % Hkv != 0) return false;
+  const int G = Hq / Hkv;
+  if (G != 1 && G != 2 && G != 4) return false;
+  return D > 0 && I > 0 && D % 8 == 0 && I % 8 == 0 && (Hq * Dh) % 8 == 0;
+}
+
+size_t DecodeMegakernelWorkspaceBytes(int D, int I, int Hq, int Dh) {
+  (void)D;
+  return kSyncBytes + (2 * static_cast<size_t>(Hq) * Dh + static_cast<size_t>(I)) * sizeof(float);
+}
+
+CudaStatus LaunchDecodeMegakernel(const DecodeMegaParams& p, cudaStream_t stream) {
+  if (!DecodeMegakernelSupported(p.dtype, p.D, p.I, p.Hq, p.Hkv, p.Dh)) {
+    return CudaStatus::Unsupported("decode megakernel: bf16/fp16, head dim 64/128, 1/2/4 query heads per kv head");
+  }
+  if (p.workspace == nullptr || p.layers == nullptr) return CudaStatus::Error("decode megakernel: no workspace");
+  CudaStatus st = CudaStatus::Unsupported("decode megakernel: unsupported dtype");
+  if (p.dtype == DType::kBF16) {
+    st = p.Dh == 64 ? LaunchGroups<__nv_bfloat16, 64>(p, stream) : LaunchGroups<__nv_bfloat16, 128>(p, stream);
+  } else {
+    st = p.Dh == 64 ? LaunchGroups<__half, 64>(p, stream) : LaunchGroups<__half, 128>(p, stream);
+  }
+  return st;
+}
+
+}  // namespace fusedserve::cuda

@@ -980,8 +980,8 @@ class CudaModelRunner final : public ModelRunner {
                   L.gate_up.get(),   L.down.get(), KCache(l),  VCache(l)};
     }
     const size_t ws =
-        cuda::DecodeMegakernelWorkspaceBytes(static_cast<int>(c_.hidden), static_cast<int>(c_.intermediate),
-                                             static_cast<int>(c_.q_heads), static_cast<int>(c_.head_dim));
+        cuda::DecodeMegakernelWorkspaceBytes(static_cast<int>(c_.intermediate), static_cast<int>(c_.q_heads),
+                                             static_cast<int>(c_.kv_heads), static_cast<int>(c_.head_dim));
     if (absl::Status status = CudaToAbsl(mega_layers_.Allocate(table.size() * sizeof(table[0])), "megakernel table");
         !status.ok())
       return status;

@@ -29,9 +29,12 @@ namespace {
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kUnroll = 4;  // 16-byte vectors per weight row in flight per lane
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr size_t kSyncBytes = 256;  // the barrier's counter and generation, then the fp32 rows
+// The workspace: the barrier's counter and generation, at kDoneAt the
+// attention's finished-split counters (one per kv head), then fp32 rows.
+constexpr size_t kSyncBytes = 1024;
+constexpr int kDoneAt = 32;
+constexpr int kMaxKvHeads = static_cast<int>(kSyncBytes / sizeof(unsigned)) - kDoneAt;
 
 template <typename T>
 __device__ __forceinline__ void Unpack8(const uint4& u, float (&f)[8]) {
@@ -114,27 +117,30 @@ __device__ void LoadRow(const X* x, const T* norm_w, int n, float eps, float* xs
   __syncthreads();  // also: red is free for the next call
 }
 
-// (w0 . xs, w1 . xs) over K elements (K a multiple of 8), in every lane.
-template <typename T>
-__device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float* xs, int K) {
+// This warp's part of (w0 . xs, w1 . xs) over K elements (K a multiple of
+// 8), in every lane: of the 16-byte vectors, lane l takes l + 32 (part +
+// parts k) for k = 0, 1, ..., kU of them per row in flight.
+template <typename T, int kU>
+__device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float* xs, int K, int part, int parts) {
   const int lane = threadIdx.x & 31;
   const int nvec = K / 8;
   const uint4* a = reinterpret_cast<const uint4*>(w0);
   const uint4* b = reinterpret_cast<const uint4*>(w1);
+  const int step = 32 * parts;
   float s0 = 0.0f, s1 = 0.0f;
-  for (int base = lane; base < nvec; base += 32 * kUnroll) {
-    uint4 ra[kUnroll], rb[kUnroll];
+  for (int base = lane + 32 * part; base < nvec; base += step * kU) {
+    uint4 ra[kU], rb[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + 32 * u;
+    for (int u = 0; u < kU; ++u) {
+      const int i = base + step * u;
       if (i < nvec) {
         ra[u] = __ldcs(a + i);
         rb[u] = __ldcs(b + i);
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + 32 * u;
+    for (int u = 0; u < kU; ++u) {
+      const int i = base + step * u;
       if (i < nvec) {
         const float4 x0 = *reinterpret_cast<const float4*>(xs + 8 * i);
         const float4 x1 = *reinterpret_cast<const float4*>(xs + 8 * i + 4);
@@ -153,6 +159,44 @@ __device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float*
   return make_float2(WarpSum(s0), WarpSum(s1));
 }
 
+// A GEMV stage over the grid: unit u (rows u * row_step and u * row_step +
+// row_off of w, K columns each) against the CTA's input row xs. When there
+// are too few units for the grid's warps, `parts` (2 or 4) consecutive warps
+// of a CTA split a unit's K and add through shared memory (red2). epi(u, v)
+// runs on lane 0 of the unit's first warp with the full sums.
+template <typename T, int kU, typename Epi>
+__device__ __forceinline__ void GemvStage(const T* w, int units, int64_t row_step, int64_t row_off, int K,
+                                          const float* xs, float2* red2, Epi epi) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nw = gridDim.x * kWarps;
+  int parts = 1;
+  while (parts < 4 && units * parts * 2 <= nw) parts *= 2;
+  const int per_cta = kWarps / parts;
+  const int group = blockIdx.x * per_cta + warp / parts, groups = gridDim.x * per_cta;
+  const int part = warp % parts;
+  const int iters = (units + groups - 1) / groups;  // the same in every warp of the CTA
+  for (int it = 0; it < iters; ++it) {
+    const int u = group + it * groups;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (u < units) {
+      const int64_t r0 = u * row_step;
+      v = DotPair<T, kU>(w + r0 * K, w + (r0 + row_off) * K, xs, K, part, parts);
+    }
+    if (parts > 1) {
+      if (lane == 0) red2[warp] = v;
+      __syncthreads();
+      if (part == 0) {
+        for (int q = 1; q < parts; ++q) {
+          v.x += red2[warp + q].x;
+          v.y += red2[warp + q].y;
+        }
+      }
+      __syncthreads();
+    }
+    if (part == 0 && lane == 0 && u < units) epi(u, v);
+  }
+}
+
 // Lane 0 of the warp prefetches rows r0 and r1 (row_bytes each) into L2.
 __device__ __forceinline__ void PrefetchRows(const void* w, int64_t r0, int64_t r1, int64_t row_bytes, bool on) {
   if (!on || (threadIdx.x & 31) != 0) return;
@@ -161,16 +205,30 @@ __device__ __forceinline__ void PrefetchRows(const void* w, int64_t r0, int64_t 
   PrefetchL2(base + r1 * row_bytes, row_bytes);
 }
 
-// The attention of the query row for kv head hk (one CTA): its G query heads
-// (q pre-rotated, fp32 in qf) over keys [0, ctx) of the paged cache -> aof.
+// Context splits of the attention: one CTA per (kv head, split), each split
+// at least kMinSplitKeys keys, at most kMaxSplits, within the grid.
+constexpr int kMinSplitKeys = 64;
+constexpr int kMaxSplits = 32;
+__device__ __forceinline__ int AttentionSplits(int ctx, int Hkv) {
+  const int by_keys = (ctx + kMinSplitKeys - 1) / kMinSplitKeys;
+  return max(1, min(min(by_keys, kMaxSplits), static_cast<int>(gridDim.x) / Hkv));
+}
+
+// The attention of the query row for kv head hk over keys [kbeg, kend) of
+// the paged cache (one CTA): its G query heads (q pre-rotated, fp32 in qf).
 // The warps form G / GW groups of GW query heads each (GW <= 2: four heads'
 // accumulators in one lane pushed the kernel past 128 registers a thread), a
 // group's warps split the keys, D/8 lanes a key, and keep an online softmax
-// per head; the CTA merges them through shared memory. qs: G * Dh floats of
-// shared memory (the stage's free input row); att: kWarps * GW * (Dh + 2).
+// per head; the CTA merges them through shared memory. With one split the
+// CTA writes the heads' rows of aof; else its (acc, max, sum) go to `parts`
+// and the last split of the kv head to finish merges them into aof. qs: G *
+// Dh floats of shared memory (the stage's free input row); att: kWarps * GW
+// * (Dh + 2).
 template <typename T, int Dh, int G>
-__device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int hk, int ctx, const float* qf,
-                             float* aof, float* qs, float* att) {
+__device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int hk, int split, int splits, int ctx,
+                             const float* qf, float* aof, float* parts, unsigned* done, float* qs, float* att) {
+  const int part_len = (ctx + splits - 1) / splits;
+  const int kbeg = split * part_len, kend = min(ctx, kbeg + part_len);
   constexpr int GW = G > 2 ? 2 : G;  // query heads a warp keeps
   constexpr int kWarpsPerGroup = kWarps / (G / GW);
   constexpr int kLanes = Dh / 8;             // lanes per key, 8 dims each
@@ -197,13 +255,13 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
   const int bs = p.block_size;
   // The trip count is the warp's (jw), not the lane's: the score shuffles
   // need every lane.
-  for (int jw = wi * kKeysPerWarp; jw < ctx; jw += kStride * kU) {
+  for (int jw = kbeg + wi * kKeysPerWarp; jw < kend; jw += kStride * kU) {
     const int j0 = jw + grp;  // this lane's key in step 0
     uint4 kr[kU], vr[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int j = j0 + u * kStride;
-      if (j < ctx) {
+      if (j < kend) {
         const int64_t slot = static_cast<int64_t>(p.block_table[j / bs]) * bs + j % bs;
         const int64_t off = (slot * p.Hkv + hk) * Dh + d0;
         kr[u] = __ldcg(reinterpret_cast<const uint4*>(Kc + off));
@@ -212,7 +270,7 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const bool valid = j0 + u * kStride < ctx;
+      const bool valid = j0 + u * kStride < kend;
       float kf[8], vf[8];
       Unpack8<T>(valid ? kr[u] : make_uint4(0u, 0u, 0u, 0u), kf);
       Unpack8<T>(valid ? vr[u] : make_uint4(0u, 0u, 0u, 0u), vf);
@@ -284,29 +342,76 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
       Ls += r[Dh + 1] * c;
       A += r[d] * c;
     }
+    if (splits == 1) {
+      aof[(hk * G + g) * Dh + d] = Ls > 0.0f ? A / Ls : 0.0f;
+    } else {
+      float* r = parts + ((static_cast<int64_t>(hk) * kMaxSplits + split) * G + g) * kRow;
+      r[d] = A;
+      if (d == 0) {
+        r[Dh] = M;
+        r[Dh + 1] = Ls;
+      }
+    }
+  }
+  if (splits == 1) return;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = LastBlockToFinish(done + hk, splits);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < G * Dh; idx += kThreads) {
+    const int g = idx / Dh, d = idx % Dh;
+    const float* r0 = parts + (static_cast<int64_t>(hk) * kMaxSplits * G + g) * kRow;
+    float M = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) M = fmaxf(M, __ldcg(r0 + sp * G * kRow + Dh));
+    float Ls = 0.0f, A = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const float* r = r0 + sp * G * kRow;
+      const float m = __ldcg(r + Dh);
+      if (m == -INFINITY) continue;
+      const float c = exp2f(m - M);
+      Ls += __ldcg(r + Dh + 1) * c;
+      A += __ldcg(r + d) * c;
+    }
     aof[(hk * G + g) * Dh + d] = Ls > 0.0f ? A / Ls : 0.0f;
   }
 }
 
-template <typename T, int Dh, int G>
+// Probe bits (FUSEDSERVE_MEGA_PROBE, timing only: the results are wrong):
+// skip the GEMV stages' dot products, skip the attention.
+constexpr int kProbeNoGemv = 1, kProbeNoAttention = 2;
+
+template <typename T, int Dh, int G, int kU>
 __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams p, int vec_floats) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);  // [vec_floats]: the stage's input row
   float* att = xs + vec_floats;                 // [kWarps][<= G][Dh + 2]: the attention's per-warp states
   __shared__ float red[kWarps];
+  __shared__ float2 red2[kWarps];
   unsigned* count = static_cast<unsigned*>(p.workspace);
   unsigned* gen = count + 1;
+  unsigned* done = count + kDoneAt;                                                    // [Hkv]
   float* qf = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kSyncBytes);  // [Hq Dh]
   float* aof = qf + p.Hq * Dh;                                                         // [Hq Dh]
   float* hf = aof + p.Hq * Dh;                                                         // [I]
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* parts = hf + p.I;                                                             // [Hkv][kMaxSplits][G][Dh + 2]
+  const int warp = threadIdx.x >> 5;
   const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
   const int D = p.D, I = p.I, Hq = p.Hq, Hkv = p.Hkv, QD = p.Hq * Dh;
   const int pos = p.position[0], ctx = p.ctx[0];
   const int64_t slot = p.slot[0];
-  const bool pf = p.prefetch != 0;
+  const bool pf_attn = (p.prefetch & 1) != 0, pf_next = (p.prefetch & 2) != 0;
+  const bool gemv = (p.probe & kProbeNoGemv) == 0;
   T* x = static_cast<T*>(p.x);
   const int64_t half = Dh / 2;
+  const int splits = AttentionSplits(ctx, Hkv);
+  auto add_residual = [&](int u, float2 v) {
+    const int64_t r0 = 2 * static_cast<int64_t>(u);
+    x[r0] = FromFloat<T>(ToFloat(__ldcg(x + r0)) + v.x);
+    x[r0 + 1] = FromFloat<T>(ToFloat(__ldcg(x + r0 + 1)) + v.y);
+  };
 
   for (int li = 0; li < p.num_layers; ++li) {
     // Read where used (a copy of the table row held 16 registers through the attention).
@@ -315,11 +420,9 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
     // 1. RMS norm, QKV (row pairs), rope, q -> qf, k/v -> the cache.
     LoadRow<T, T>(x, static_cast<const T*>(L.attn_norm), D, p.eps, xs, red);
     const int qkv_units = (Hq + 2 * Hkv) * Dh / 2;
-    for (int u = gw; u < qkv_units; u += nw) {
-      const int64_t r0 = 2 * static_cast<int64_t>(u);
-      const T* wqkv = static_cast<const T*>(L.wqkv);
-      const float2 v = DotPair<T>(wqkv + r0 * D, wqkv + (r0 + 1) * D, xs, D);
-      if (lane == 0) {
+    if (gemv) {
+      GemvStage<T, kU>(static_cast<const T*>(L.wqkv), qkv_units, 2, 1, D, xs, red2, [&](int u, float2 v) {
+        const int64_t r0 = 2 * static_cast<int64_t>(u);
         const int h = static_cast<int>(r0 / Dh), e = static_cast<int>(r0 % Dh);
         if (h < Hq + Hkv) {
           const int i = e / 2;
@@ -338,69 +441,56 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
           vc[0] = FromFloat<T>(v.x);
           vc[1] = FromFloat<T>(v.y);
         }
-      }
+      });
     }
-    for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.wo, 2 * u, 2 * u + 1, int64_t{QD} * sizeof(T), pf);
+    if (pf_next) {
+      for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.wo, 2 * u, 2 * u + 1, int64_t{QD} * sizeof(T), true);
+    }
     GridBarrier(count, gen);
 
-    // 2. Attention: CTA hk for kv head hk; the others prefetch their first
-    // gate/up rows meanwhile.
-    if (static_cast<int>(blockIdx.x) < Hkv) {
-      AttendKvHead<T, Dh, G>(p, L, blockIdx.x, ctx, qf, aof, xs, att);
-    } else if (gw < I) {
-      PrefetchRows(L.gate_up, gw, gw + I, int64_t{D} * sizeof(T), pf);
+    // 2. Attention: one CTA per (kv head, context split); the others may
+    // prefetch their first gate/up rows meanwhile.
+    if (static_cast<int>(blockIdx.x) < Hkv * splits) {
+      if ((p.probe & kProbeNoAttention) == 0) {
+        AttendKvHead<T, Dh, G>(p, L, blockIdx.x / splits, blockIdx.x % splits, splits, ctx, qf, aof, parts, done, xs,
+                               att);
+      }
+    } else if (pf_attn && gw < I) {
+      PrefetchRows(L.gate_up, gw, gw + I, int64_t{D} * sizeof(T), true);
     }
     GridBarrier(count, gen);
 
     // 3. o_proj + residual.
     LoadRow<float, T>(aof, nullptr, QD, 0.0f, xs, red);
-    for (int u = gw; u < D / 2; u += nw) {
-      const int64_t r0 = 2 * static_cast<int64_t>(u);
-      const T* wo = static_cast<const T*>(L.wo);
-      const float2 v = DotPair<T>(wo + r0 * QD, wo + (r0 + 1) * QD, xs, QD);
-      if (lane == 0) {
-        x[r0] = FromFloat<T>(ToFloat(__ldcg(x + r0)) + v.x);
-        x[r0 + 1] = FromFloat<T>(ToFloat(__ldcg(x + r0 + 1)) + v.y);
-      }
-    }
+    if (gemv) GemvStage<T, kU>(static_cast<const T*>(L.wo), D / 2, 2, 1, QD, xs, red2, add_residual);
     GridBarrier(count, gen);
 
     // 4. RMS norm, gate_up, SwiGLU -> hf.
     LoadRow<T, T>(x, static_cast<const T*>(L.mlp_norm), D, p.eps, xs, red);
-    for (int u = gw; u < I; u += nw) {
-      const T* gate_up = static_cast<const T*>(L.gate_up);
-      const float2 v =
-          DotPair<T>(gate_up + static_cast<int64_t>(u) * D, gate_up + static_cast<int64_t>(u + I) * D, xs, D);
-      if (lane == 0) hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y;
+    if (gemv) {
+      GemvStage<T, kU>(static_cast<const T*>(L.gate_up), I, 1, I, D, xs, red2,
+                       [&](int u, float2 v) { hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y; });
     }
-    for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.down, 2 * u, 2 * u + 1, int64_t{I} * sizeof(T), pf);
+    if (pf_next) {
+      for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.down, 2 * u, 2 * u + 1, int64_t{I} * sizeof(T), true);
+    }
     GridBarrier(count, gen);
 
     // 5. down + residual.
     LoadRow<float, T>(hf, nullptr, I, 0.0f, xs, red);
-    for (int u = gw; u < D / 2; u += nw) {
-      const int64_t r0 = 2 * static_cast<int64_t>(u);
-      const T* down = static_cast<const T*>(L.down);
-      const float2 v = DotPair<T>(down + r0 * I, down + (r0 + 1) * I, xs, I);
-      if (lane == 0) {
-        x[r0] = FromFloat<T>(ToFloat(__ldcg(x + r0)) + v.x);
-        x[r0 + 1] = FromFloat<T>(ToFloat(__ldcg(x + r0 + 1)) + v.y);
-      }
-    }
-    if (li + 1 < p.num_layers) {
+    if (gemv) GemvStage<T, kU>(static_cast<const T*>(L.down), D / 2, 2, 1, I, xs, red2, add_residual);
+    if (pf_next && li + 1 < p.num_layers) {
       const void* next = p.layers[li + 1].wqkv;
-      for (int u = gw; u < qkv_units; u += nw) PrefetchRows(next, 2 * u, 2 * u + 1, int64_t{D} * sizeof(T), pf);
+      for (int u = gw; u < qkv_units; u += nw) PrefetchRows(next, 2 * u, 2 * u + 1, int64_t{D} * sizeof(T), true);
     }
     GridBarrier(count, gen);
   }
 }
 
-bool PrefetchDefault() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDSERVE_MEGA_PREFETCH");
-    return e == nullptr || *e != '0';
-  }();
-  return on;
+// An integer knob from the environment (A/B runs), else `fallback`.
+int EnvInt(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr && *e >= '0' && *e <= '9' ? std::atoi(e) : fallback;
 }
 
 int VecFloats(const DecodeMegaParams& p) { return std::max({p.D, p.I, p.Hq * p.Dh}); }
@@ -408,8 +498,12 @@ int VecFloats(const DecodeMegaParams& p) { return std::max({p.D, p.I, p.Hq * p.D
 template <typename T, int Dh, int G>
 CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
   DecodeMegaParams p = params;
-  if (p.prefetch < 0) p.prefetch = PrefetchDefault() ? 1 : 0;
-  auto kernel = DecodeMegakernel<T, Dh, G>;
+  static const int prefetch = EnvInt("FUSEDSERVE_MEGA_PREFETCH", 0);
+  static const int probe = EnvInt("FUSEDSERVE_MEGA_PROBE", 0);
+  static const int unroll = EnvInt("FUSEDSERVE_MEGA_UNROLL", 4);  // 8: spills at 128 registers
+  if (p.prefetch < 0) p.prefetch = prefetch;
+  p.probe = probe;
+  auto kernel = unroll == 4 ? DecodeMegakernel<T, Dh, G, 4> : DecodeMegakernel<T, Dh, G, 8>;
   const int vec = VecFloats(p);
   const size_t smem = (static_cast<size_t>(vec) + static_cast<size_t>(kWarps) * G * (Dh + 2)) * sizeof(float);
   if (CudaStatus s = FS_CUDA_CHECK(
@@ -454,15 +548,15 @@ CudaStatus LaunchGroups(const DecodeMegaParams& p, cudaStream_t stream) {
 bool DecodeMegakernelSupported(DType dtype, int D, int I, int Hq, int Hkv, int Dh) {
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
   if (Dh != 64 && Dh != 128) return false;
-  if (Hkv <= 0 || Hq % Hkv != 0) return false;
+  if (Hkv <= 0 || Hkv > kMaxKvHeads || Hq % Hkv != 0) return false;
   const int G = Hq / Hkv;
   if (G != 1 && G != 2 && G != 4) return false;
   return D > 0 && I > 0 && D % 8 == 0 && I % 8 == 0 && (Hq * Dh) % 8 == 0;
 }
 
-size_t DecodeMegakernelWorkspaceBytes(int D, int I, int Hq, int Dh) {
-  (void)D;
-  return kSyncBytes + (2 * static_cast<size_t>(Hq) * Dh + static_cast<size_t>(I)) * sizeof(float);
+size_t DecodeMegakernelWorkspaceBytes(int I, int Hq, int Hkv, int Dh) {
+  const size_t parts = static_cast<size_t>(Hkv) * kMaxSplits * (Hq / Hkv) * (Dh + 2);
+  return kSyncBytes + (2 * static_cast<size_t>(Hq) * Dh + static_cast<size_t>(I) + parts) * sizeof(float);
 }
 
 CudaStatus LaunchDecodeMegakernel(const DecodeMegaParams& p, cudaStream_t stream) {

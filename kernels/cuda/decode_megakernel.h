@@ -48,17 +48,20 @@ struct DecodeMegaParams {
   int block_size = 0;
   const float2* cos_sin = nullptr;  // [max_pos, Dh / 2]: (cos, sin) of pos * inv_freq[i]
   void* workspace = nullptr;        // DecodeMegakernelWorkspaceBytes, zeroed once when allocated
-  // L2 prefetch of each warp's next weight rows: -1 the default
-  // (FUSEDSERVE_MEGA_PREFETCH=0/1, else on), 0 off, 1 on.
+  // L2 prefetch of weight rows, bits: 1 each idle CTA's first gate/up rows
+  // during the attention, 2 each warp's rows of the next stage before a
+  // barrier. -1: FUSEDSERVE_MEGA_PREFETCH, else 0 (both measured slower).
   int prefetch = -1;
+  int probe = 0;  // set from FUSEDSERVE_MEGA_PROBE at launch (timing runs only)
 };
 
-// bf16/fp16, head dim 64 or 128, at most 4 query heads per kv head, D, I and
+// bf16/fp16, head dim 64 or 128, 1, 2 or 4 query heads per kv head, D, I and
 // Hq Dh multiples of 8, and a device that holds one CTA of the kernel per SM.
 bool DecodeMegakernelSupported(DType dtype, int D, int I, int Hq, int Hkv, int Dh);
-// The barrier counters (left at zero by every launch) and the fp32 rows that
-// pass between stages (q, the attention output, the SwiGLU activation).
-size_t DecodeMegakernelWorkspaceBytes(int D, int I, int Hq, int Dh);
+// The counters (the grid barrier's, the attention splits'; every launch
+// leaves them at zero) and the fp32 rows that pass between stages (q, the
+// attention output, the SwiGLU activation, the attention splits' partials).
+size_t DecodeMegakernelWorkspaceBytes(int I, int Hq, int Hkv, int Dh);
 CudaStatus LaunchDecodeMegakernel(const DecodeMegaParams& p, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

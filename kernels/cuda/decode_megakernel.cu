@@ -50,18 +50,22 @@ __device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
 }
 
 // Every CTA of the grid arrives before any leaves; the writes of all CTAs
-// before it are visible to all after it. count returns to zero each time.
-__device__ __forceinline__ void GridBarrier(unsigned* count, unsigned* gen) {
+// before it are visible to all after it. count returns to zero each time and
+// gen counts the barriers passed; thread 0 of each CTA keeps the generation
+// it waits for in `target` (gen at the launch's start, read once: no CTA can
+// pass the first barrier before every CTA has read it), which saves an L2
+// round trip a barrier against reading gen on arrival.
+__device__ __forceinline__ void GridBarrier(unsigned* count, unsigned* gen, unsigned& target) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned g = LoadAcquire(gen);
+    ++target;
     __threadfence();
     if (atomicAdd(count, 1u) == gridDim.x - 1) {
       atomicExch(count, 0u);
       __threadfence();
       atomicAdd(gen, 1u);
     } else {
-      while (LoadAcquire(gen) == g) {
+      while (static_cast<int>(LoadAcquire(gen) - target) < 0) {
       }
     }
     __threadfence();
@@ -76,8 +80,9 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 // xs[i] = x[i] (fp32), and with a norm weight xs[i] = x[i] * rstd * w[i],
-// rstd = rsqrt(mean(x^2) + eps). x: n elements written by other CTAs (via
-// L2); n a multiple of 8. Ends with __syncthreads.
+// rstd = rsqrt(mean(x^2) + eps). x: n <= kMaxRow elements written by other
+// CTAs (read through L2), n a multiple of 8. Ends with __syncthreads.
+constexpr int kMaxRow = 16384;
 template <typename X, typename T>
 __device__ void LoadRow(const X* x, const T* norm_w, int n, float eps, float* xs, float* red) {
   float ss = 0.0f;
@@ -115,6 +120,26 @@ __device__ void LoadRow(const X* x, const T* norm_w, int n, float eps, float* xs
     for (int e = 0; e < 8; ++e) xs[i + e] = xs[i + e] * rstd * w[e];
   }
   __syncthreads();  // also: red is free for the next call
+}
+
+// How a GEMV stage of `units` units spreads over the grid's warps: when there
+// are too few units, `parts` (2 or 4) consecutive warps of a CTA split a
+// unit's K; warp group g takes units g, g + groups, ... (iters rounds, the
+// same in every warp of a CTA).
+struct StagePlan {
+  int parts, part, group, groups, iters;
+};
+__device__ __forceinline__ StagePlan PlanStage(int units) {
+  const int warp = threadIdx.x >> 5, nw = gridDim.x * kWarps;
+  StagePlan sp;
+  sp.parts = 1;
+  while (sp.parts < 4 && units * sp.parts * 2 <= nw) sp.parts *= 2;
+  const int per_cta = kWarps / sp.parts;
+  sp.group = blockIdx.x * per_cta + warp / sp.parts;
+  sp.groups = gridDim.x * per_cta;
+  sp.part = warp % sp.parts;
+  sp.iters = (units + sp.groups - 1) / sp.groups;
+  return sp;
 }
 
 // This warp's part of (w0 . xs, w1 . xs) over K elements (K a multiple of
@@ -159,41 +184,41 @@ __device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float*
   return make_float2(WarpSum(s0), WarpSum(s1));
 }
 
-// A GEMV stage over the grid: unit u (rows u * row_step and u * row_step +
-// row_off of w, K columns each) against the CTA's input row xs. When there
-// are too few units for the grid's warps, `parts` (2 or 4) consecutive warps
-// of a CTA split a unit's K and add through shared memory (red2). epi(u, v)
-// runs on lane 0 of the unit's first warp with the full sums.
+// The GEMV stage's weights as units: unit u is rows u * row_step and
+// u * row_step + row_off of w (K columns each).
+template <typename T>
+struct StageRows {
+  const T* w;
+  int units;
+  int64_t row_step, row_off;
+  int K;
+  __device__ __forceinline__ const T* Row0(int u) const { return w + u * row_step * K; }
+  __device__ __forceinline__ const T* Row1(int u) const { return w + (u * row_step + row_off) * K; }
+};
+
+// A GEMV stage over the grid (PlanStage) against the CTA's input row xs;
+// split units add their parts through shared memory (red2). epi(u, v) runs
+// on lane 0 of the unit's first warp with the full sums.
 template <typename T, int kU, typename Epi>
-__device__ __forceinline__ void GemvStage(const T* w, int units, int64_t row_step, int64_t row_off, int K,
-                                          const float* xs, float2* red2, Epi epi) {
+__device__ __forceinline__ void GemvStage(const StageRows<T>& r, const float* xs, float2* red2, Epi epi) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int nw = gridDim.x * kWarps;
-  int parts = 1;
-  while (parts < 4 && units * parts * 2 <= nw) parts *= 2;
-  const int per_cta = kWarps / parts;
-  const int group = blockIdx.x * per_cta + warp / parts, groups = gridDim.x * per_cta;
-  const int part = warp % parts;
-  const int iters = (units + groups - 1) / groups;  // the same in every warp of the CTA
-  for (int it = 0; it < iters; ++it) {
-    const int u = group + it * groups;
+  const StagePlan sp = PlanStage(r.units);
+  for (int it = 0; it < sp.iters; ++it) {
+    const int u = sp.group + it * sp.groups;
     float2 v = make_float2(0.0f, 0.0f);
-    if (u < units) {
-      const int64_t r0 = u * row_step;
-      v = DotPair<T, kU>(w + r0 * K, w + (r0 + row_off) * K, xs, K, part, parts);
-    }
-    if (parts > 1) {
+    if (u < r.units) v = DotPair<T, kU>(r.Row0(u), r.Row1(u), xs, r.K, sp.part, sp.parts);
+    if (sp.parts > 1) {
       if (lane == 0) red2[warp] = v;
       __syncthreads();
-      if (part == 0) {
-        for (int q = 1; q < parts; ++q) {
+      if (sp.part == 0) {
+        for (int q = 1; q < sp.parts; ++q) {
           v.x += red2[warp + q].x;
           v.y += red2[warp + q].y;
         }
       }
       __syncthreads();
     }
-    if (part == 0 && lane == 0 && u < units) epi(u, v);
+    if (sp.part == 0 && lane == 0 && u < r.units) epi(u, v);
   }
 }
 
@@ -407,11 +432,20 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
   T* x = static_cast<T*>(p.x);
   const int64_t half = Dh / 2;
   const int splits = AttentionSplits(ctx, Hkv);
+  unsigned target = threadIdx.x == 0 ? LoadAcquire(gen) : 0u;
   auto add_residual = [&](int u, float2 v) {
     const int64_t r0 = 2 * static_cast<int64_t>(u);
     x[r0] = FromFloat<T>(ToFloat(__ldcg(x + r0)) + v.x);
     x[r0 + 1] = FromFloat<T>(ToFloat(__ldcg(x + r0 + 1)) + v.y);
   };
+
+  // Each stage's weights as GEMV units (StageRows) for layer li.
+  auto qkv_rows = [&](int li) {
+    return StageRows<T>{static_cast<const T*>(p.layers[li].wqkv), (Hq + 2 * Hkv) * Dh / 2, 2, 1, D};
+  };
+  auto o_rows = [&](int li) { return StageRows<T>{static_cast<const T*>(p.layers[li].wo), D / 2, 2, 1, QD}; };
+  auto gate_up_rows = [&](int li) { return StageRows<T>{static_cast<const T*>(p.layers[li].gate_up), I, 1, I, D}; };
+  auto down_rows = [&](int li) { return StageRows<T>{static_cast<const T*>(p.layers[li].down), D / 2, 2, 1, I}; };
 
   for (int li = 0; li < p.num_layers; ++li) {
     // Read where used (a copy of the table row held 16 registers through the attention).
@@ -421,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
     LoadRow<T, T>(x, static_cast<const T*>(L.attn_norm), D, p.eps, xs, red);
     const int qkv_units = (Hq + 2 * Hkv) * Dh / 2;
     if (gemv) {
-      GemvStage<T, kU>(static_cast<const T*>(L.wqkv), qkv_units, 2, 1, D, xs, red2, [&](int u, float2 v) {
+      GemvStage<T, kU>(qkv_rows(li), xs, red2, [&](int u, float2 v) {
         const int64_t r0 = 2 * static_cast<int64_t>(u);
         const int h = static_cast<int>(r0 / Dh), e = static_cast<int>(r0 % Dh);
         if (h < Hq + Hkv) {
@@ -446,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
     if (pf_next) {
       for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.wo, 2 * u, 2 * u + 1, int64_t{QD} * sizeof(T), true);
     }
-    GridBarrier(count, gen);
+    GridBarrier(count, gen, target);
 
     // 2. Attention: one CTA per (kv head, context split); the others may
     // prefetch their first gate/up rows meanwhile.
@@ -458,32 +492,33 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
     } else if (pf_attn && gw < I) {
       PrefetchRows(L.gate_up, gw, gw + I, int64_t{D} * sizeof(T), true);
     }
-    GridBarrier(count, gen);
+    GridBarrier(count, gen, target);
 
     // 3. o_proj + residual.
     LoadRow<float, T>(aof, nullptr, QD, 0.0f, xs, red);
-    if (gemv) GemvStage<T, kU>(static_cast<const T*>(L.wo), D / 2, 2, 1, QD, xs, red2, add_residual);
-    GridBarrier(count, gen);
+    if (gemv) GemvStage<T, kU>(o_rows(li), xs, red2, add_residual);
+    GridBarrier(count, gen, target);
 
     // 4. RMS norm, gate_up, SwiGLU -> hf.
     LoadRow<T, T>(x, static_cast<const T*>(L.mlp_norm), D, p.eps, xs, red);
     if (gemv) {
-      GemvStage<T, kU>(static_cast<const T*>(L.gate_up), I, 1, I, D, xs, red2,
-                       [&](int u, float2 v) { hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y; });
+      GemvStage<T, kU>(gate_up_rows(li), xs, red2, [&](int u, float2 v) { hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y; });
     }
     if (pf_next) {
       for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.down, 2 * u, 2 * u + 1, int64_t{I} * sizeof(T), true);
     }
-    GridBarrier(count, gen);
+    GridBarrier(count, gen, target);
 
     // 5. down + residual.
     LoadRow<float, T>(hf, nullptr, I, 0.0f, xs, red);
-    if (gemv) GemvStage<T, kU>(static_cast<const T*>(L.down), D / 2, 2, 1, I, xs, red2, add_residual);
-    if (pf_next && li + 1 < p.num_layers) {
-      const void* next = p.layers[li + 1].wqkv;
-      for (int u = gw; u < qkv_units; u += nw) PrefetchRows(next, 2 * u, 2 * u + 1, int64_t{D} * sizeof(T), true);
+    if (gemv) GemvStage<T, kU>(down_rows(li), xs, red2, add_residual);
+    if (li + 1 < p.num_layers) {
+      if (pf_next) {
+        const void* next = p.layers[li + 1].wqkv;
+        for (int u = gw; u < qkv_units; u += nw) PrefetchRows(next, 2 * u, 2 * u + 1, int64_t{D} * sizeof(T), true);
+      }
     }
-    GridBarrier(count, gen);
+    GridBarrier(count, gen, target);
   }
 }
 
@@ -500,10 +535,11 @@ CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
   DecodeMegaParams p = params;
   static const int prefetch = EnvInt("FUSEDSERVE_MEGA_PREFETCH", 0);
   static const int probe = EnvInt("FUSEDSERVE_MEGA_PROBE", 0);
-  static const int unroll = EnvInt("FUSEDSERVE_MEGA_UNROLL", 4);  // 8: spills at 128 registers
+
   if (p.prefetch < 0) p.prefetch = prefetch;
   p.probe = probe;
-  auto kernel = unroll == 4 ? DecodeMegakernel<T, Dh, G, 4> : DecodeMegakernel<T, Dh, G, 8>;
+  // Four vectors a row in flight per lane: eight spilled (128 registers a thread).
+  auto kernel = DecodeMegakernel<T, Dh, G, 4>;
   const int vec = VecFloats(p);
   const size_t smem = (static_cast<size_t>(vec) + static_cast<size_t>(kWarps) * G * (Dh + 2)) * sizeof(float);
   if (CudaStatus s = FS_CUDA_CHECK(
@@ -551,7 +587,8 @@ bool DecodeMegakernelSupported(DType dtype, int D, int I, int Hq, int Hkv, int D
   if (Hkv <= 0 || Hkv > kMaxKvHeads || Hq % Hkv != 0) return false;
   const int G = Hq / Hkv;
   if (G != 1 && G != 2 && G != 4) return false;
-  return D > 0 && I > 0 && D % 8 == 0 && I % 8 == 0 && (Hq * Dh) % 8 == 0;
+  return D > 0 && I > 0 && D % 8 == 0 && I % 8 == 0 && (Hq * Dh) % 8 == 0 && D <= kMaxRow && I <= kMaxRow &&
+         Hq * Dh <= kMaxRow;
 }
 
 size_t DecodeMegakernelWorkspaceBytes(int I, int Hq, int Hkv, int Dh) {

@@ -56,7 +56,8 @@ struct DecodeMegaParams {
 };
 
 // bf16/fp16, head dim 64 or 128, 1, 2 or 4 query heads per kv head, D, I and
-// Hq Dh multiples of 8, and a device that holds one CTA of the kernel per SM.
+// Hq Dh multiples of 8 up to 16384, and a device that holds one CTA of the
+// kernel per SM.
 bool DecodeMegakernelSupported(DType dtype, int D, int I, int Hq, int Hkv, int Dh);
 // The counters (the grid barrier's, the attention splits'; every launch
 // leaves them at zero) and the fp32 rows that pass between stages (q, the

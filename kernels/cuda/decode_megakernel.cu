@@ -2,14 +2,15 @@
 //
 // Grid: one CTA of 16 warps per SM, launched cooperatively (every CTA
 // resident, as the grid barrier needs). Work of a GEMV stage is spread over
-// all warps of the grid: warp gw takes output units gw, gw + warps, ... (a
-// unit is a pair of weight rows, as in gemv.cu: a rotation pair of QKV, a
-// gate/up pair of the SwiGLU), streaming its rows with 16-byte evict-first
-// loads against the stage's input row, which every CTA holds in shared
-// memory as fp32 (normalised there when the stage starts with an RMS norm).
-// The attention of the one query row takes one CTA per kv head: its warps
-// split the context, each keeps an online softmax for the kv head's query
-// heads, and the CTA merges them through shared memory. Rows that pass
+// all warps of the grid (PlanStage: a unit is a pair of weight rows, as in
+// gemv.cu: a rotation pair of QKV, a gate/up pair of the SwiGLU; with fewer
+// units than warps, 2-4 warps split a unit's K), streaming its rows with
+// 16-byte evict-first loads against the stage's input row, which every CTA
+// holds in shared memory as fp32 (normalised there when the stage starts
+// with an RMS norm). The attention of the one query row takes one CTA per
+// (kv head, context split): its warps split the keys, each keeps an online
+// softmax for the kv head's query heads, the CTA merges them through shared
+// memory and the last split of a kv head merges the splits. Rows that pass
 // between stages (q, the attention output, the SwiGLU activation) stay fp32
 // in the workspace; the residual row x is updated in place in the model
 // dtype, as the unfused kernels store it. Data written by other CTAs in an

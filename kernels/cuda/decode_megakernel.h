@@ -2,12 +2,12 @@
 // "megakernel" approach): one CTA per SM runs every layer's five stages
 // (RMS norm + QKV + rope + cache write; attention; o_proj + residual; RMS
 // norm + gate_up + SwiGLU; down + residual) with a grid-wide barrier between
-// stages instead of ~8 kernel boundaries a layer, and each warp prefetches
-// the weight rows of its next stage into L2 before it waits, so HBM keeps
-// streaming while the stragglers of a stage finish and while the attention
-// (a chain of round trips at one sequence) runs. The CUDA model runner uses
+// stages instead of ~8 kernel boundaries a layer. The CUDA model runner uses
 // it for one-row decode steps when asked (CudaModelRunnerOptions::
-// decode_fusion's kDecodeMegakernel bit); its kernels stay the reference.
+// decode_fusion's kDecodeMegakernel bit); its kernels stay the reference and
+// the default: measured on the H100 the megakernel is correct but ~10%
+// slower (its barriers cost more than the kernel boundaries they replace;
+// bench/notes/decode_fusion.md).
 // Plain C++ header; the kernel is in decode_megakernel.cu.
 #pragma once
 

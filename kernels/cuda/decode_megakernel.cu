@@ -29,6 +29,9 @@ namespace fusedserve::cuda {
 namespace {
 
 constexpr int kWarps = 16;
+// 16-byte vectors of each weight row in flight per lane in a GEMV stage
+// (eight spilled at the 128 registers a thread of one 16-warp CTA an SM).
+constexpr int kRowUnroll = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
 // The workspace: the barrier's counter and generation, at kDoneAt the
@@ -74,12 +77,6 @@ __device__ __forceinline__ void GridBarrier(unsigned* count, unsigned* gen, unsi
   __syncthreads();
 }
 
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // xs[i] = x[i] (fp32), and with a norm weight xs[i] = x[i] * rstd * w[i],
 // rstd = rsqrt(mean(x^2) + eps). x: n <= kMaxRow elements written by other
 // CTAs (read through L2), n a multiple of 8. Ends with __syncthreads.
@@ -106,7 +103,7 @@ __device__ void LoadRow(const X* x, const T* norm_w, int n, float eps, float* xs
     __syncthreads();
     return;
   }
-  ss = WarpSum(ss);
+  ss = GroupReduce(ss, SumOp{}, 32);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) red[warp] = ss;
   __syncthreads();
@@ -145,8 +142,8 @@ __device__ __forceinline__ StagePlan PlanStage(int units) {
 
 // This warp's part of (w0 . xs, w1 . xs) over K elements (K a multiple of
 // 8), in every lane: of the 16-byte vectors, lane l takes l + 32 (part +
-// parts k) for k = 0, 1, ..., kU of them per row in flight.
-template <typename T, int kU>
+// parts k) for k = 0, 1, ..., kRowUnroll of them per row in flight.
+template <typename T>
 __device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float* xs, int K, int part, int parts) {
   const int lane = threadIdx.x & 31;
   const int nvec = K / 8;
@@ -154,10 +151,10 @@ __device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float*
   const uint4* b = reinterpret_cast<const uint4*>(w1);
   const int step = 32 * parts;
   float s0 = 0.0f, s1 = 0.0f;
-  for (int base = lane + 32 * part; base < nvec; base += step * kU) {
-    uint4 ra[kU], rb[kU];
+  for (int base = lane + 32 * part; base < nvec; base += step * kRowUnroll) {
+    uint4 ra[kRowUnroll], rb[kRowUnroll];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kRowUnroll; ++u) {
       const int i = base + step * u;
       if (i < nvec) {
         ra[u] = __ldcs(a + i);
@@ -165,7 +162,7 @@ __device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float*
       }
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    for (int u = 0; u < kRowUnroll; ++u) {
       const int i = base + step * u;
       if (i < nvec) {
         const float4 x0 = *reinterpret_cast<const float4*>(xs + 8 * i);
@@ -182,7 +179,7 @@ __device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float*
       }
     }
   }
-  return make_float2(WarpSum(s0), WarpSum(s1));
+  return make_float2(GroupReduce(s0, SumOp{}, 32), GroupReduce(s1, SumOp{}, 32));
 }
 
 // The GEMV stage's weights as units: unit u is rows u * row_step and
@@ -200,14 +197,14 @@ struct StageRows {
 // A GEMV stage over the grid (PlanStage) against the CTA's input row xs;
 // split units add their parts through shared memory (red2). epi(u, v) runs
 // on lane 0 of the unit's first warp with the full sums.
-template <typename T, int kU, typename Epi>
+template <typename T, typename Epi>
 __device__ __forceinline__ void GemvStage(const StageRows<T>& r, const float* xs, float2* red2, Epi epi) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const StagePlan sp = PlanStage(r.units);
   for (int it = 0; it < sp.iters; ++it) {
     const int u = sp.group + it * sp.groups;
     float2 v = make_float2(0.0f, 0.0f);
-    if (u < r.units) v = DotPair<T, kU>(r.Row0(u), r.Row1(u), xs, r.K, sp.part, sp.parts);
+    if (u < r.units) v = DotPair<T>(r.Row0(u), r.Row1(u), xs, r.K, sp.part, sp.parts);
     if (sp.parts > 1) {
       if (lane == 0) red2[warp] = v;
       __syncthreads();
@@ -409,7 +406,7 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
 // skip the GEMV stages' dot products, skip the attention.
 constexpr int kProbeNoGemv = 1, kProbeNoAttention = 2;
 
-template <typename T, int Dh, int G, int kU>
+template <typename T, int Dh, int G>
 __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams p, int vec_floats) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);  // [vec_floats]: the stage's input row
@@ -456,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
     LoadRow<T, T>(x, static_cast<const T*>(L.attn_norm), D, p.eps, xs, red);
     const int qkv_units = (Hq + 2 * Hkv) * Dh / 2;
     if (gemv) {
-      GemvStage<T, kU>(qkv_rows(li), xs, red2, [&](int u, float2 v) {
+      GemvStage<T>(qkv_rows(li), xs, red2, [&](int u, float2 v) {
         const int64_t r0 = 2 * static_cast<int64_t>(u);
         const int h = static_cast<int>(r0 / Dh), e = static_cast<int>(r0 % Dh);
         if (h < Hq + Hkv) {
@@ -497,13 +494,13 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
 
     // 3. o_proj + residual.
     LoadRow<float, T>(aof, nullptr, QD, 0.0f, xs, red);
-    if (gemv) GemvStage<T, kU>(o_rows(li), xs, red2, add_residual);
+    if (gemv) GemvStage<T>(o_rows(li), xs, red2, add_residual);
     GridBarrier(count, gen, target);
 
     // 4. RMS norm, gate_up, SwiGLU -> hf.
     LoadRow<T, T>(x, static_cast<const T*>(L.mlp_norm), D, p.eps, xs, red);
     if (gemv) {
-      GemvStage<T, kU>(gate_up_rows(li), xs, red2, [&](int u, float2 v) { hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y; });
+      GemvStage<T>(gate_up_rows(li), xs, red2, [&](int u, float2 v) { hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y; });
     }
     if (pf_next) {
       for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.down, 2 * u, 2 * u + 1, int64_t{I} * sizeof(T), true);
@@ -512,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
 
     // 5. down + residual.
     LoadRow<float, T>(hf, nullptr, I, 0.0f, xs, red);
-    if (gemv) GemvStage<T, kU>(down_rows(li), xs, red2, add_residual);
+    if (gemv) GemvStage<T>(down_rows(li), xs, red2, add_residual);
     if (li + 1 < p.num_layers) {
       if (pf_next) {
         const void* next = p.layers[li + 1].wqkv;
@@ -539,8 +536,7 @@ CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
 
   if (p.prefetch < 0) p.prefetch = prefetch;
   p.probe = probe;
-  // Four vectors a row in flight per lane: eight spilled (128 registers a thread).
-  auto kernel = DecodeMegakernel<T, Dh, G, 4>;
+  auto kernel = DecodeMegakernel<T, Dh, G>;
   const int vec = VecFloats(p);
   const size_t smem = (static_cast<size_t>(vec) + static_cast<size_t>(kWarps) * G * (Dh + 2)) * sizeof(float);
   if (CudaStatus s = FS_CUDA_CHECK(

@@ -250,6 +250,35 @@ __device__ __forceinline__ bool LastBlockToFinish(unsigned* counter, unsigned bl
   return last;
 }
 
+// ---- cp.async: 16-byte copies global -> shared that bypass registers and L1 ----
+// Each thread waits only for its own copies (commit groups are per thread).
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;  // 0: fill with zeros, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+// A streamed copy: evict-first in L2 (`policy` from EvictFirstPolicy), so
+// bytes read once do not push out what is read again. The memory clobber
+// keeps this thread's earlier reads of the slot ahead of the overwrite.
+__device__ __forceinline__ void CpAsync16Stream(void* smem, const void* gmem, uint64_t policy) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Waits until at most `kPending` of this thread's newest groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // ---- programmatic dependent launch (Hopper) ------------------------------------
 //
 // Every kernel here is launched with programmatic stream serialization: the

@@ -4,9 +4,8 @@
 // resident, as the grid barrier needs). Work of a GEMV stage is spread over
 // all warps of the grid (PlanStage: a unit is a pair of weight rows, as in
 // gemv.cu: a rotation pair of QKV, a gate/up pair of the SwiGLU; with fewer
-// units than warps, 2-4 warps split a unit's K), streaming its rows with
-// 16-byte evict-first loads against the stage's input row, which every CTA
-// holds in shared memory as fp32 (normalised there when the stage starts
+// units than warps, 2-4 warps split a unit's K) against the stage's input
+// row, which every CTA holds in shared memory as fp32 (normalised there when the stage starts
 // with an RMS norm). The attention of the one query row takes one CTA per
 // (kv head, context split): its warps split the keys, each keeps an online
 // softmax for the kv head's query heads, the CTA merges them through shared
@@ -15,12 +14,17 @@
 // in the workspace; the residual row x is updated in place in the model
 // dtype, as the unfused kernels store it. Data written by other CTAs in an
 // earlier stage (x, those rows, the new token's cache row) is read through
-// L2 (__ldcg): L1 is not coherent across SMs.
+// L2 (__ldcg): L1 is not coherent across SMs. The weight rows reach the warps
+// through per-warp cp.async rings in shared memory that run ahead of the
+// stages (WeightStream): the copies of the next stage's rows are in flight
+// while the grid waits at a barrier.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_megakernel.h"
@@ -29,12 +33,9 @@ namespace fusedserve::cuda {
 namespace {
 
 constexpr int kWarps = 16;
-// 16-byte vectors of each weight row in flight per lane in a GEMV stage
-// (eight spilled at the 128 registers a thread of one 16-warp CTA an SM).
-constexpr int kRowUnroll = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr float kLog2e = 1.4426950408889634f;
-// The workspace: the barrier's counter and generation, at kDoneAt the
+// The workspace: the barrier's counter (64-bit), at kDoneAt the
 // attention's finished-split counters (one per kv head), then fp32 rows.
 constexpr size_t kSyncBytes = 1024;
 constexpr int kDoneAt = 32;
@@ -47,32 +48,25 @@ __device__ __forceinline__ void Unpack8(const uint4& u, float (&f)[8]) {
   for (int i = 0; i < 8; ++i) f[i] = ToFloat(e[i]);
 }
 
-__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // Every CTA of the grid arrives before any leaves; the writes of all CTAs
-// before it are visible to all after it. count returns to zero each time and
-// gen counts the barriers passed; thread 0 of each CTA keeps the generation
-// it waits for in `target` (gen at the launch's start, read once: no CTA can
-// pass the first barrier before every CTA has read it), which saves an L2
-// round trip a barrier against reading gen on arrival.
-__device__ __forceinline__ void GridBarrier(unsigned* count, unsigned* gen, unsigned& target) {
+// before it are visible to all after it. `count` only grows: each CTA adds
+// one per barrier (a release, which also publishes what the CTA's other
+// threads wrote before the __syncthreads), so barrier b of a launch is
+// passed when it reaches the next multiple of the grid size, and polls it
+// with acquire loads. Two L2 round trips on the critical path; no reset, no
+// full fence (a fence would also wait for the warp's weight copies in flight).
+// The counter is 64-bit, zeroed when the workspace is allocated, and stays a
+// multiple of the grid size between launches.
+__device__ __forceinline__ void GridBarrier(unsigned long long* count) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    ++target;
-    __threadfence();
-    if (atomicAdd(count, 1u) == gridDim.x - 1) {
-      atomicExch(count, 0u);
-      __threadfence();
-      atomicAdd(gen, 1u);
-    } else {
-      while (static_cast<int>(LoadAcquire(gen) - target) < 0) {
-      }
-    }
-    __threadfence();
+    unsigned long long v;
+    asm volatile("atom.add.release.gpu.u64 %0, [%1], 1;" : "=l"(v) : "l"(count) : "memory");
+    const unsigned long long target = v - v % gridDim.x + gridDim.x;
+    unsigned long long c;
+    do {
+      asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(c) : "l"(count) : "memory");
+    } while (c < target);
   }
   __syncthreads();
 }
@@ -132,54 +126,14 @@ __device__ __forceinline__ StagePlan PlanStage(int units) {
   StagePlan sp;
   sp.parts = 1;
   while (sp.parts < 4 && units * sp.parts * 2 <= nw) sp.parts *= 2;
+  // Groups numbered across the CTAs first, so that a stage with fewer
+  // units than warps still streams on every SM.
   const int per_cta = kWarps / sp.parts;
-  sp.group = blockIdx.x * per_cta + warp / sp.parts;
+  sp.group = (warp / sp.parts) * gridDim.x + blockIdx.x;
   sp.groups = gridDim.x * per_cta;
   sp.part = warp % sp.parts;
   sp.iters = (units + sp.groups - 1) / sp.groups;
   return sp;
-}
-
-// This warp's part of (w0 . xs, w1 . xs) over K elements (K a multiple of
-// 8), in every lane: of the 16-byte vectors, lane l takes l + 32 (part +
-// parts k) for k = 0, 1, ..., kRowUnroll of them per row in flight.
-template <typename T>
-__device__ __forceinline__ float2 DotPair(const T* w0, const T* w1, const float* xs, int K, int part, int parts) {
-  const int lane = threadIdx.x & 31;
-  const int nvec = K / 8;
-  const uint4* a = reinterpret_cast<const uint4*>(w0);
-  const uint4* b = reinterpret_cast<const uint4*>(w1);
-  const int step = 32 * parts;
-  float s0 = 0.0f, s1 = 0.0f;
-  for (int base = lane + 32 * part; base < nvec; base += step * kRowUnroll) {
-    uint4 ra[kRowUnroll], rb[kRowUnroll];
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int i = base + step * u;
-      if (i < nvec) {
-        ra[u] = __ldcs(a + i);
-        rb[u] = __ldcs(b + i);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
-      const int i = base + step * u;
-      if (i < nvec) {
-        const float4 x0 = *reinterpret_cast<const float4*>(xs + 8 * i);
-        const float4 x1 = *reinterpret_cast<const float4*>(xs + 8 * i + 4);
-        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float fa[8], fb[8];
-        Unpack8<T>(ra[u], fa);
-        Unpack8<T>(rb[u], fb);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          s0 = fmaf(fa[e], xv[e], s0);
-          s1 = fmaf(fb[e], xv[e], s1);
-        }
-      }
-    }
-  }
-  return make_float2(GroupReduce(s0, SumOp{}, 32), GroupReduce(s1, SumOp{}, 32));
 }
 
 // The GEMV stage's weights as units: unit u is rows u * row_step and
@@ -188,23 +142,163 @@ template <typename T>
 struct StageRows {
   const T* w;
   int units;
-  int64_t row_step, row_off;
+  int row_step, row_off;
   int K;
-  __device__ __forceinline__ const T* Row0(int u) const { return w + u * row_step * K; }
-  __device__ __forceinline__ const T* Row1(int u) const { return w + (u * row_step + row_off) * K; }
+  __device__ __forceinline__ const T* Row0(int u) const { return w + static_cast<int64_t>(u) * row_step * K; }
+  __device__ __forceinline__ const T* Row1(int u) const {
+    return w + (static_cast<int64_t>(u) * row_step + row_off) * K;
+  }
 };
 
-// A GEMV stage over the grid (PlanStage) against the CTA's input row xs;
-// split units add their parts through shared memory (red2). epi(u, v) runs
-// on lane 0 of the unit's first warp with the full sums.
-template <typename T, typename Epi>
-__device__ __forceinline__ void GemvStage(const StageRows<T>& r, const float* xs, float2* red2, Epi epi) {
+// A step's GEMV stages in order: stage s is layer s / kGemvStages's QKV,
+// o_proj, gate_up or down.
+constexpr int kGemvStages = 4;
+enum GemvStageKind { kQkv = 0, kOproj = 1, kGateUp = 2, kDown = 3 };
+template <typename T>
+__device__ __forceinline__ StageRows<T> GemvRows(const DecodeMegaParams& p, const MegaLayer* layers, int s) {
+  const MegaLayer& L = layers[s / kGemvStages];
+  switch (s % kGemvStages) {
+    case kQkv:  // rotation pairs (rows 2u, 2u + 1)
+      return {static_cast<const T*>(L.wqkv), (p.Hq + 2 * p.Hkv) * p.Dh / 2, 2, 1, p.D};
+    case kOproj:
+      return {static_cast<const T*>(L.wo), p.D / 2, 2, 1, p.Hq * p.Dh};
+    case kGateUp:  // gate row u with up row u + I
+      return {static_cast<const T*>(L.gate_up), p.I, 1, p.I, p.D};
+    default:
+      return {static_cast<const T*>(L.down), p.D / 2, 2, 1, p.I};
+  }
+}
+
+// Steps of a round of PlanStage (every lane of the warp takes the same
+// count; lane l's vector of step k is l + 32 (part + parts k), if < K / 8).
+__device__ __forceinline__ int StepsPerRound(int K, const StagePlan& sp) {
+  const int nvec = K / 8, first = 32 * sp.part, stride = 32 * sp.parts;
+  return nvec > first ? (nvec - first + stride - 1) / stride : 0;
+}
+
+// The weights of a warp's GEMV stages, streamed into shared memory ahead of
+// their use. Slot n of the stream is (stage s, round, step k): each lane's
+// vector of step k of the round's unit's two rows. The warp keeps kDepth
+// slots (kDepth KB) in flight, issued in the order the stages consume them,
+// across the grid barriers and the attention: the next stage's first weights
+// arrive while the grid waits for that stage's input, so HBM does not idle
+// at a stage boundary (the barrier itself is ~3 us).
+template <typename T, int kDepth>
+struct WeightStream {
+  uint4* ring;  // this warp's [kDepth][2][32] vectors
+  uint64_t policy;
+  int head;  // ring slot consumed next
+  // The issue cursor: stage s (of `stages`), round it, step k.
+  const DecodeMegaParams* p;
+  const MegaLayer* layers;  // the CTA's copy of the table (shared memory)
+  int stages, s, it, k, steps;
+  StageRows<T> r;
+  StagePlan sp;
+  const uint4 *a, *b;  // this lane's vectors of the round's rows, k = 0
+  bool live;           // the round's unit exists
+
+  __device__ void Start(const DecodeMegaParams& params, const MegaLayer* layer_table, int num_stages,
+                        uint4* warp_ring) {
+    p = &params;
+    layers = layer_table;
+    ring = warp_ring;
+    policy = EvictFirstPolicy();
+    head = 0;
+    stages = num_stages;
+    Open(0);
+    for (int j = 0; j < kDepth; ++j) Issue(j);
+  }
+  // The first stage from s0 on with work for this warp.
+  __device__ void Open(int s0) {
+    for (s = s0; s < stages; ++s) {
+      r = GemvRows<T>(*p, layers, s);
+      sp = PlanStage(r.units);
+      steps = StepsPerRound(r.K, sp);
+      if (steps > 0) {
+        it = 0;
+        k = 0;
+        Round();
+        return;
+      }
+    }
+  }
+  __device__ void Round() {
+    const int u = sp.group + it * sp.groups;
+    const int lane0 = (threadIdx.x & 31) + 32 * sp.part;
+    live = u < r.units;
+    a = reinterpret_cast<const uint4*>(r.Row0(live ? u : 0)) + lane0;
+    b = reinterpret_cast<const uint4*>(r.Row1(live ? u : 0)) + lane0;
+  }
+  // Copies the cursor's slot into ring slot j and advances the cursor.
+  __device__ void Issue(int j) {
+    if (s < stages) {
+      const int lane = threadIdx.x & 31;
+      const int i = lane + 32 * (sp.part + sp.parts * k);
+      if (live && i < r.K / 8) {
+        CpAsync16Stream(ring + j * 64 + lane, a + 32 * sp.parts * k, policy);
+        CpAsync16Stream(ring + j * 64 + 32 + lane, b + 32 * sp.parts * k, policy);
+      }
+      if (++k == steps) {
+        k = 0;
+        if (++it < sp.iters) {
+          Round();
+        } else {
+          Open(s + 1);
+        }
+      }
+    }
+    CpAsyncCommit();  // empty groups keep the wait count uniform
+  }
+  // The next slot's two vectors (stale where the lane's vector does not
+  // exist); Refill once they are used.
+  __device__ __forceinline__ void Next(uint4& va, uint4& vb) {
+    CpAsyncWait<kDepth - 1>();
+    const int lane = threadIdx.x & 31;
+    va = ring[head * 64 + lane];
+    vb = ring[head * 64 + 32 + lane];
+  }
+  __device__ __forceinline__ void Refill() {
+    Issue(head);
+    head = head + 1 == kDepth ? 0 : head + 1;
+  }
+};
+
+// A GEMV stage over the grid (PlanStage) against the CTA's input row xs,
+// its weights from the warp's stream; split units add their parts through
+// shared memory (red2). On lane 0 of the unit's first warp, pre(u) loads
+// the epilogue's operands before the dot products (so their L2 round trip
+// overlaps them) and epi(u, v, pre(u)) gets the full sums.
+template <typename T, int kDepth, typename Pre, typename Epi>
+__device__ __forceinline__ void GemvStage(WeightStream<T, kDepth>& ws, const StageRows<T>& r, const float* xs,
+                                          float2* red2, Pre pre, Epi epi, bool dots) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const StagePlan sp = PlanStage(r.units);
+  const int steps = StepsPerRound(r.K, sp), nvec = r.K / 8;
   for (int it = 0; it < sp.iters; ++it) {
     const int u = sp.group + it * sp.groups;
-    float2 v = make_float2(0.0f, 0.0f);
-    if (u < r.units) v = DotPair<T>(r.Row0(u), r.Row1(u), xs, r.K, sp.part, sp.parts);
+    const bool owner = sp.part == 0 && lane == 0 && u < r.units;
+    const float2 op = owner ? pre(u) : make_float2(0.0f, 0.0f);
+    float s0 = 0.0f, s1 = 0.0f;
+    for (int k = 0; k < steps; ++k) {
+      uint4 va, vb;
+      ws.Next(va, vb);
+      const int i = lane + 32 * (sp.part + sp.parts * k);
+      if (u < r.units && i < nvec && dots) {
+        const float4 x0 = *reinterpret_cast<const float4*>(xs + 8 * i);
+        const float4 x1 = *reinterpret_cast<const float4*>(xs + 8 * i + 4);
+        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float fa[8], fb[8];
+        Unpack8<T>(va, fa);
+        Unpack8<T>(vb, fb);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          s0 = fmaf(fa[e], xv[e], s0);
+          s1 = fmaf(fb[e], xv[e], s1);
+        }
+      }
+      ws.Refill();
+    }
+    float2 v = make_float2(GroupReduce(s0, SumOp{}, 32), GroupReduce(s1, SumOp{}, 32));
     if (sp.parts > 1) {
       if (lane == 0) red2[warp] = v;
       __syncthreads();
@@ -216,16 +310,8 @@ __device__ __forceinline__ void GemvStage(const StageRows<T>& r, const float* xs
       }
       __syncthreads();
     }
-    if (sp.part == 0 && lane == 0 && u < r.units) epi(u, v);
+    if (owner) epi(u, v, op);
   }
-}
-
-// Lane 0 of the warp prefetches rows r0 and r1 (row_bytes each) into L2.
-__device__ __forceinline__ void PrefetchRows(const void* w, int64_t r0, int64_t r1, int64_t row_bytes, bool on) {
-  if (!on || (threadIdx.x & 31) != 0) return;
-  const char* base = static_cast<const char*>(w);
-  PrefetchL2(base + r0 * row_bytes, row_bytes);
-  PrefetchL2(base + r1 * row_bytes, row_bytes);
 }
 
 // Context splits of the attention: one CTA per (kv head, split), each split
@@ -403,121 +489,152 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
 }
 
 // Probe bits (FUSEDSERVE_MEGA_PROBE, timing only: the results are wrong):
-// skip the GEMV stages' dot products, skip the attention.
-constexpr int kProbeNoGemv = 1, kProbeNoAttention = 2;
+// skip the GEMV stages (no weights read), skip the attention, stream the
+// GEMV stages' weights without the dot products.
+// Bit 8 records clock64 stamps per CTA and stage (begin, input row loaded,
+// work done) and prints a per-stage summary after each eager launch.
+constexpr int kProbeNoGemv = 1, kProbeNoAttention = 2, kProbeNoDots = 4, kProbeStamps = 8;
+constexpr int kStampSms = 160, kStampLayers = 40, kStagesPerLayer = 5;
+__device__ long long g_stamps[kStampSms][kStampLayers * kStagesPerLayer * 3];
 
-template <typename T, int Dh, int G>
+// Shared memory: the warps' weight rings, the stage's input row (fp32), the
+// attention's per-warp states, the layer table.
+template <int kDepth>
+constexpr size_t RingBytes() {
+  return static_cast<size_t>(kWarps) * kDepth * 64 * sizeof(uint4);
+}
+
+template <typename T, int Dh, int G, int kDepth>
 __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams p, int vec_floats) {
   extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);  // [vec_floats]: the stage's input row
-  float* att = xs + vec_floats;                 // [kWarps][<= G][Dh + 2]: the attention's per-warp states
+  uint4* rings = reinterpret_cast<uint4*>(smem4);                          // [kWarps][kDepth][2][32]
+  float* xs = reinterpret_cast<float*>(smem4 + RingBytes<kDepth>() / 16);  // [vec_floats]: the stage's input row
+  float* att = xs + vec_floats;  // [kWarps][<= G][Dh + 2]: the attention's per-warp states
+  // [num_layers]: read on every stage change; from global memory that is an
+  // L2 round trip queued behind the weight stream.
+  MegaLayer* layers = reinterpret_cast<MegaLayer*>(att + kWarps * G * (Dh + 2));
   __shared__ float red[kWarps];
   __shared__ float2 red2[kWarps];
-  unsigned* count = static_cast<unsigned*>(p.workspace);
-  unsigned* gen = count + 1;
-  unsigned* done = count + kDoneAt;                                                    // [Hkv]
+  const int warp = threadIdx.x >> 5;
+  const bool gemv = (p.probe & kProbeNoGemv) == 0, dots = (p.probe & kProbeNoDots) == 0;
+  for (int i = threadIdx.x; i < p.num_layers; i += kThreads) layers[i] = p.layers[i];
+  __syncthreads();
+  WeightStream<T, kDepth> ws;
+  ws.Start(p, layers, gemv ? p.num_layers * kGemvStages : 0, rings + warp * kDepth * 64);
+  unsigned long long* count = static_cast<unsigned long long*>(p.workspace);
+  unsigned* done = static_cast<unsigned*>(p.workspace) + kDoneAt;                      // [Hkv]
   float* qf = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kSyncBytes);  // [Hq Dh]
   float* aof = qf + p.Hq * Dh;                                                         // [Hq Dh]
   float* hf = aof + p.Hq * Dh;                                                         // [I]
   float* parts = hf + p.I;                                                             // [Hkv][kMaxSplits][G][Dh + 2]
-  const int warp = threadIdx.x >> 5;
-  const int gw = blockIdx.x * kWarps + warp, nw = gridDim.x * kWarps;
-  const int D = p.D, I = p.I, Hq = p.Hq, Hkv = p.Hkv, QD = p.Hq * Dh;
+  const int D = p.D, Hkv = p.Hkv, Hq = p.Hq, QD = p.Hq * Dh;
   const int pos = p.position[0], ctx = p.ctx[0];
   const int64_t slot = p.slot[0];
-  const bool pf_attn = (p.prefetch & 1) != 0, pf_next = (p.prefetch & 2) != 0;
-  const bool gemv = (p.probe & kProbeNoGemv) == 0;
   T* x = static_cast<T*>(p.x);
   const int64_t half = Dh / 2;
   const int splits = AttentionSplits(ctx, Hkv);
-  unsigned target = threadIdx.x == 0 ? LoadAcquire(gen) : 0u;
-  auto add_residual = [&](int u, float2 v) {
+  const bool stamps = (p.probe & kProbeStamps) != 0 && blockIdx.x < kStampSms;
+  // Stamp e (0 begin, 1 row loaded, 2 work done) of stage st of layer li.
+  auto stamp = [&](int li, int st, int e) {
+    if (!stamps || li >= kStampLayers) return;
+    if (e == 2) __syncthreads();
+    if (threadIdx.x == 0) g_stamps[blockIdx.x][(li * kStagesPerLayer + st) * 3 + e] = clock64();
+  };
+  // o_proj and down: rows 2u, 2u + 1 of x += the sums.
+  auto residual_of = [&](int u) {
     const int64_t r0 = 2 * static_cast<int64_t>(u);
-    x[r0] = FromFloat<T>(ToFloat(__ldcg(x + r0)) + v.x);
-    x[r0 + 1] = FromFloat<T>(ToFloat(__ldcg(x + r0 + 1)) + v.y);
+    return make_float2(ToFloat(__ldcg(x + r0)), ToFloat(__ldcg(x + r0 + 1)));
   };
-
-  // Each stage's weights as GEMV units (StageRows) for layer li.
-  auto qkv_rows = [&](int li) {
-    return StageRows<T>{static_cast<const T*>(p.layers[li].wqkv), (Hq + 2 * Hkv) * Dh / 2, 2, 1, D};
+  auto add_residual = [&](int u, float2 v, float2 res) {
+    const int64_t r0 = 2 * static_cast<int64_t>(u);
+    x[r0] = FromFloat<T>(res.x + v.x);
+    x[r0 + 1] = FromFloat<T>(res.y + v.y);
   };
-  auto o_rows = [&](int li) { return StageRows<T>{static_cast<const T*>(p.layers[li].wo), D / 2, 2, 1, QD}; };
-  auto gate_up_rows = [&](int li) { return StageRows<T>{static_cast<const T*>(p.layers[li].gate_up), I, 1, I, D}; };
-  auto down_rows = [&](int li) { return StageRows<T>{static_cast<const T*>(p.layers[li].down), D / 2, 2, 1, I}; };
+  auto nothing = [](int) { return make_float2(0.0f, 0.0f); };
 
   for (int li = 0; li < p.num_layers; ++li) {
     // Read where used (a copy of the table row held 16 registers through the attention).
-    const MegaLayer& L = p.layers[li];
+    const MegaLayer& L = layers[li];
+    const int s0 = li * kGemvStages;
 
     // 1. RMS norm, QKV (row pairs), rope, q -> qf, k/v -> the cache.
+    stamp(li, 0, 0);
     LoadRow<T, T>(x, static_cast<const T*>(L.attn_norm), D, p.eps, xs, red);
-    const int qkv_units = (Hq + 2 * Hkv) * Dh / 2;
+    stamp(li, 0, 1);
     if (gemv) {
-      GemvStage<T>(qkv_rows(li), xs, red2, [&](int u, float2 v) {
+      // Unit u: rows 2u, 2u + 1; (cos, sin) of its rotation pair for q and k heads.
+      auto rotation_of = [&](int u) {
         const int64_t r0 = 2 * static_cast<int64_t>(u);
         const int h = static_cast<int>(r0 / Dh), e = static_cast<int>(r0 % Dh);
-        if (h < Hq + Hkv) {
-          const int i = e / 2;
-          const float2 cs = p.cos_sin[static_cast<int64_t>(pos) * half + i];
-          const float ta = v.x * cs.x - v.y * cs.y, tb = v.y * cs.x + v.x * cs.y;
-          if (h < Hq) {
-            qf[h * Dh + i] = ta;
-            qf[h * Dh + i + half] = tb;
-          } else {
-            T* k = static_cast<T*>(L.k_cache) + (slot * Hkv + (h - Hq)) * Dh;
-            k[i] = FromFloat<T>(ta);
-            k[i + half] = FromFloat<T>(tb);
-          }
-        } else {
-          T* vc = static_cast<T*>(L.v_cache) + (slot * Hkv + (h - Hq - Hkv)) * Dh + e;
-          vc[0] = FromFloat<T>(v.x);
-          vc[1] = FromFloat<T>(v.y);
-        }
-      });
+        return h < Hq + Hkv ? p.cos_sin[static_cast<int64_t>(pos) * half + e / 2] : make_float2(1.0f, 0.0f);
+      };
+      GemvStage<T>(
+          ws, GemvRows<T>(p, layers, s0 + kQkv), xs, red2, rotation_of,
+          [&](int u, float2 v, float2 cs) {
+            const int64_t r0 = 2 * static_cast<int64_t>(u);
+            const int h = static_cast<int>(r0 / Dh), e = static_cast<int>(r0 % Dh);
+            if (h < Hq + Hkv) {
+              const int i = e / 2;
+              const float ta = v.x * cs.x - v.y * cs.y, tb = v.y * cs.x + v.x * cs.y;
+              if (h < Hq) {
+                qf[h * Dh + i] = ta;
+                qf[h * Dh + i + half] = tb;
+              } else {
+                T* k = static_cast<T*>(L.k_cache) + (slot * Hkv + (h - Hq)) * Dh;
+                k[i] = FromFloat<T>(ta);
+                k[i + half] = FromFloat<T>(tb);
+              }
+            } else {
+              T* vc = static_cast<T*>(L.v_cache) + (slot * Hkv + (h - Hq - Hkv)) * Dh + e;
+              vc[0] = FromFloat<T>(v.x);
+              vc[1] = FromFloat<T>(v.y);
+            }
+          },
+          dots);
     }
-    if (pf_next) {
-      for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.wo, 2 * u, 2 * u + 1, int64_t{QD} * sizeof(T), true);
-    }
-    GridBarrier(count, gen, target);
+    stamp(li, 0, 2);
+    GridBarrier(count);
 
-    // 2. Attention: one CTA per (kv head, context split); the others may
-    // prefetch their first gate/up rows meanwhile.
-    if (static_cast<int>(blockIdx.x) < Hkv * splits) {
-      if ((p.probe & kProbeNoAttention) == 0) {
-        AttendKvHead<T, Dh, G>(p, L, blockIdx.x / splits, blockIdx.x % splits, splits, ctx, qf, aof, parts, done, xs,
-                               att);
-      }
-    } else if (pf_attn && gw < I) {
-      PrefetchRows(L.gate_up, gw, gw + I, int64_t{D} * sizeof(T), true);
+    // 2. Attention: one CTA per (kv head, context split); every warp's
+    // o_proj weights keep arriving meanwhile.
+    stamp(li, 1, 0);
+    stamp(li, 1, 1);
+    if (static_cast<int>(blockIdx.x) < Hkv * splits && (p.probe & kProbeNoAttention) == 0) {
+      AttendKvHead<T, Dh, G>(p, L, blockIdx.x / splits, blockIdx.x % splits, splits, ctx, qf, aof, parts, done, xs,
+                             att);
     }
-    GridBarrier(count, gen, target);
+    stamp(li, 1, 2);
+    GridBarrier(count);
 
     // 3. o_proj + residual.
+    stamp(li, 2, 0);
     LoadRow<float, T>(aof, nullptr, QD, 0.0f, xs, red);
-    if (gemv) GemvStage<T>(o_rows(li), xs, red2, add_residual);
-    GridBarrier(count, gen, target);
+    stamp(li, 2, 1);
+    if (gemv) GemvStage<T>(ws, GemvRows<T>(p, layers, s0 + kOproj), xs, red2, residual_of, add_residual, dots);
+    stamp(li, 2, 2);
+    GridBarrier(count);
 
     // 4. RMS norm, gate_up, SwiGLU -> hf.
+    stamp(li, 3, 0);
     LoadRow<T, T>(x, static_cast<const T*>(L.mlp_norm), D, p.eps, xs, red);
+    stamp(li, 3, 1);
     if (gemv) {
-      GemvStage<T>(gate_up_rows(li), xs, red2, [&](int u, float2 v) { hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y; });
+      GemvStage<T>(
+          ws, GemvRows<T>(p, layers, s0 + kGateUp), xs, red2, nothing,
+          [&](int u, float2 v, float2) { hf[u] = v.x / (1.0f + __expf(-v.x)) * v.y; }, dots);
     }
-    if (pf_next) {
-      for (int u = gw; u < D / 2; u += nw) PrefetchRows(L.down, 2 * u, 2 * u + 1, int64_t{I} * sizeof(T), true);
-    }
-    GridBarrier(count, gen, target);
+    stamp(li, 3, 2);
+    GridBarrier(count);
 
     // 5. down + residual.
-    LoadRow<float, T>(hf, nullptr, I, 0.0f, xs, red);
-    if (gemv) GemvStage<T>(down_rows(li), xs, red2, add_residual);
-    if (li + 1 < p.num_layers) {
-      if (pf_next) {
-        const void* next = p.layers[li + 1].wqkv;
-        for (int u = gw; u < qkv_units; u += nw) PrefetchRows(next, 2 * u, 2 * u + 1, int64_t{D} * sizeof(T), true);
-      }
-    }
-    GridBarrier(count, gen, target);
+    stamp(li, 4, 0);
+    LoadRow<float, T>(hf, nullptr, p.I, 0.0f, xs, red);
+    stamp(li, 4, 1);
+    if (gemv) GemvStage<T>(ws, GemvRows<T>(p, layers, s0 + kDown), xs, red2, residual_of, add_residual, dots);
+    stamp(li, 4, 2);
+    GridBarrier(count);
   }
+  CpAsyncWaitAll();  // only empty groups are left
 }
 
 // An integer knob from the environment (A/B runs), else `fallback`.
@@ -528,17 +645,57 @@ int EnvInt(const char* name, int fallback) {
 
 int VecFloats(const DecodeMegaParams& p) { return std::max({p.D, p.I, p.Hq * p.Dh}); }
 
-template <typename T, int Dh, int G>
+// Weight slots in flight per warp: FUSEDSERVE_MEGA_DEPTH (4 or 8), else 8.
+constexpr int kDefaultDepth = 8;
+
+// Prints, per stage kind, the CTAs' median and max of: loading the input
+// row, the stage's work, and the wait from its end to the next stage's
+// begin (the grid barrier), in us, averaged over layers 1.. (timing probe).
+void PrintStamps(int sms, int layers, cudaStream_t stream) {
+  static long long host[kStampSms][kStampLayers * kStagesPerLayer * 3];
+  if (cudaStreamSynchronize(stream) != cudaSuccess || cudaMemcpyFromSymbol(host, g_stamps, sizeof(host)) != cudaSuccess)
+    return;
+  int device = 0, khz = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device);
+  const double us_per_cycle = 1e3 / khz;
+  const int n = std::min(sms, kStampSms), nl = std::min(layers, kStampLayers);
+  static const char* kNames[kStagesPerLayer] = {"qkv", "attention", "o_proj", "gate_up", "down"};
+  std::fprintf(stderr, "megakernel stamps (us; median / max over %d CTAs, mean over layers 1..%d)\n", n, nl - 1);
+  for (int st = 0; st < kStagesPerLayer; ++st) {
+    double acc[3][2] = {};
+    for (int li = 1; li < nl; ++li) {
+      std::vector<double> v[3];
+      for (int b = 0; b < n; ++b) {
+        const long long* t = host[b] + (li * kStagesPerLayer + st) * 3;
+        const bool last = li + 1 == nl && st + 1 == kStagesPerLayer;
+        const long long next = last ? t[2] : host[b][(li * kStagesPerLayer + st) * 3 + 3];
+        v[0].push_back((t[1] - t[0]) * us_per_cycle);
+        v[1].push_back((t[2] - t[1]) * us_per_cycle);
+        v[2].push_back((next - t[2]) * us_per_cycle);
+      }
+      for (int k = 0; k < 3; ++k) {
+        std::sort(v[k].begin(), v[k].end());
+        acc[k][0] += v[k][v[k].size() / 2];
+        acc[k][1] += v[k].back();
+      }
+    }
+    const double d = nl - 1;
+    std::fprintf(stderr, "  %-9s row %5.2f / %5.2f  work %6.2f / %6.2f  barrier %5.2f / %5.2f\n", kNames[st],
+                 acc[0][0] / d, acc[0][1] / d, acc[1][0] / d, acc[1][1] / d, acc[2][0] / d, acc[2][1] / d);
+  }
+}
+
+template <typename T, int Dh, int G, int kDepth>
 CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
   DecodeMegaParams p = params;
-  static const int prefetch = EnvInt("FUSEDSERVE_MEGA_PREFETCH", 0);
   static const int probe = EnvInt("FUSEDSERVE_MEGA_PROBE", 0);
-
-  if (p.prefetch < 0) p.prefetch = prefetch;
   p.probe = probe;
-  auto kernel = DecodeMegakernel<T, Dh, G>;
+  auto kernel = DecodeMegakernel<T, Dh, G, kDepth>;
   const int vec = VecFloats(p);
-  const size_t smem = (static_cast<size_t>(vec) + static_cast<size_t>(kWarps) * G * (Dh + 2)) * sizeof(float);
+  const size_t smem = RingBytes<kDepth>() +
+                      (static_cast<size_t>(vec) + static_cast<size_t>(kWarps) * G * (Dh + 2)) * sizeof(float) +
+                      static_cast<size_t>(p.num_layers) * sizeof(MegaLayer);
   if (CudaStatus s = FS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       !s.ok())
@@ -565,15 +722,27 @@ CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, vec));
+  CudaStatus st = FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, vec));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (st.ok() && (p.probe & kProbeStamps) != 0 && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture == cudaStreamCaptureStatusNone) {
+    PrintStamps(sms, p.num_layers, stream);
+  }
+  return st;
+}
+
+template <typename T, int Dh, int G>
+CudaStatus LaunchDepth(const DecodeMegaParams& p, cudaStream_t stream) {
+  static const int depth = EnvInt("FUSEDSERVE_MEGA_DEPTH", kDefaultDepth);
+  return depth == 4 ? LaunchTyped<T, Dh, G, 4>(p, stream) : LaunchTyped<T, Dh, G, kDefaultDepth>(p, stream);
 }
 
 template <typename T, int Dh>
 CudaStatus LaunchGroups(const DecodeMegaParams& p, cudaStream_t stream) {
   const int G = p.Hq / p.Hkv;
-  if (G == 1) return LaunchTyped<T, Dh, 1>(p, stream);
-  if (G == 2) return LaunchTyped<T, Dh, 2>(p, stream);
-  return LaunchTyped<T, Dh, 4>(p, stream);
+  if (G == 1) return LaunchDepth<T, Dh, 1>(p, stream);
+  if (G == 2) return LaunchDepth<T, Dh, 2>(p, stream);
+  return LaunchDepth<T, Dh, 4>(p, stream);
 }
 
 }  // namespace

@@ -48,10 +48,6 @@ struct DecodeMegaParams {
   int block_size = 0;
   const float2* cos_sin = nullptr;  // [max_pos, Dh / 2]: (cos, sin) of pos * inv_freq[i]
   void* workspace = nullptr;        // DecodeMegakernelWorkspaceBytes, zeroed once when allocated
-  // L2 prefetch of weight rows, bits: 1 each idle CTA's first gate/up rows
-  // during the attention, 2 each warp's rows of the next stage before a
-  // barrier. -1: FUSEDSERVE_MEGA_PREFETCH, else 0 (both measured slower).
-  int prefetch = -1;
   int probe = 0;  // set from FUSEDSERVE_MEGA_PROBE at launch (timing runs only)
 };
 

@@ -5,8 +5,8 @@
 // all warps of the grid (PlanStage: a unit is a pair of weight rows, as in
 // gemv.cu: a rotation pair of QKV, a gate/up pair of the SwiGLU; with fewer
 // units than warps, 2-4 warps split a unit's K) against the stage's input
-// row, which every CTA holds in shared memory as fp32 (normalised there when the stage starts
-// with an RMS norm). The attention of the one query row takes one CTA per
+// row, which every CTA holds in shared memory as fp32 (normalised there when
+// the stage starts with an RMS norm). The attention of the one query row takes one CTA per
 // (kv head, context split): its warps split the keys, each keeps an online
 // softmax for the kv head's query heads, the CTA merges them through shared
 // memory and the last split of a kv head merges the splits. Rows that pass
@@ -34,6 +34,9 @@ namespace {
 
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
+// Weight slots (1 KB each) in flight per warp (WeightStream): 8 and 4
+// measured the same (the stream is not latency-bound at either).
+constexpr int kStreamDepth = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 // The workspace: the barrier's counter (64-bit), at kDoneAt the
 // attention's finished-split counters (one per kv head), then fp32 rows.
@@ -391,8 +394,7 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
         float s = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) s = fmaf(q[e], kf[e], s);
-#pragma unroll
-        for (int o = 1; o < kLanes; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        s = GroupReduce(s, SumOp{}, kLanes);
         if (valid) {
           const float mn = fmaxf(m[g], s);
           const float c = exp2f(m[g] - mn);  // 0 while m is -inf
@@ -499,16 +501,13 @@ __device__ long long g_stamps[kStampSms][kStampLayers * kStagesPerLayer * 3];
 
 // Shared memory: the warps' weight rings, the stage's input row (fp32), the
 // attention's per-warp states, the layer table.
-template <int kDepth>
-constexpr size_t RingBytes() {
-  return static_cast<size_t>(kWarps) * kDepth * 64 * sizeof(uint4);
-}
+constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStreamDepth * 64 * sizeof(uint4);
 
-template <typename T, int Dh, int G, int kDepth>
+template <typename T, int Dh, int G>
 __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams p, int vec_floats) {
   extern __shared__ float4 smem4[];
-  uint4* rings = reinterpret_cast<uint4*>(smem4);                          // [kWarps][kDepth][2][32]
-  float* xs = reinterpret_cast<float*>(smem4 + RingBytes<kDepth>() / 16);  // [vec_floats]: the stage's input row
+  uint4* rings = reinterpret_cast<uint4*>(smem4);                 // [kWarps][kStreamDepth][2][32]
+  float* xs = reinterpret_cast<float*>(smem4 + kRingBytes / 16);  // [vec_floats]: the stage's input row
   float* att = xs + vec_floats;  // [kWarps][<= G][Dh + 2]: the attention's per-warp states
   // [num_layers]: read on every stage change; from global memory that is an
   // L2 round trip queued behind the weight stream.
@@ -519,8 +518,8 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
   const bool gemv = (p.probe & kProbeNoGemv) == 0, dots = (p.probe & kProbeNoDots) == 0;
   for (int i = threadIdx.x; i < p.num_layers; i += kThreads) layers[i] = p.layers[i];
   __syncthreads();
-  WeightStream<T, kDepth> ws;
-  ws.Start(p, layers, gemv ? p.num_layers * kGemvStages : 0, rings + warp * kDepth * 64);
+  WeightStream<T, kStreamDepth> ws;
+  ws.Start(p, layers, gemv ? p.num_layers * kGemvStages : 0, rings + warp * kStreamDepth * 64);
   unsigned long long* count = static_cast<unsigned long long*>(p.workspace);
   unsigned* done = static_cast<unsigned*>(p.workspace) + kDoneAt;                      // [Hkv]
   float* qf = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + kSyncBytes);  // [Hq Dh]
@@ -645,9 +644,6 @@ int EnvInt(const char* name, int fallback) {
 
 int VecFloats(const DecodeMegaParams& p) { return std::max({p.D, p.I, p.Hq * p.Dh}); }
 
-// Weight slots in flight per warp: FUSEDSERVE_MEGA_DEPTH (4 or 8), else 8.
-constexpr int kDefaultDepth = 8;
-
 // Prints, per stage kind, the CTAs' median and max of: loading the input
 // row, the stage's work, and the wait from its end to the next stage's
 // begin (the grid barrier), in us, averaged over layers 1.. (timing probe).
@@ -686,14 +682,14 @@ void PrintStamps(int sms, int layers, cudaStream_t stream) {
   }
 }
 
-template <typename T, int Dh, int G, int kDepth>
+template <typename T, int Dh, int G>
 CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
   DecodeMegaParams p = params;
   static const int probe = EnvInt("FUSEDSERVE_MEGA_PROBE", 0);
   p.probe = probe;
-  auto kernel = DecodeMegakernel<T, Dh, G, kDepth>;
+  auto kernel = DecodeMegakernel<T, Dh, G>;
   const int vec = VecFloats(p);
-  const size_t smem = RingBytes<kDepth>() +
+  const size_t smem = kRingBytes +
                       (static_cast<size_t>(vec) + static_cast<size_t>(kWarps) * G * (Dh + 2)) * sizeof(float) +
                       static_cast<size_t>(p.num_layers) * sizeof(MegaLayer);
   if (CudaStatus s = FS_CUDA_CHECK(
@@ -731,18 +727,12 @@ CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
   return st;
 }
 
-template <typename T, int Dh, int G>
-CudaStatus LaunchDepth(const DecodeMegaParams& p, cudaStream_t stream) {
-  static const int depth = EnvInt("FUSEDSERVE_MEGA_DEPTH", kDefaultDepth);
-  return depth == 4 ? LaunchTyped<T, Dh, G, 4>(p, stream) : LaunchTyped<T, Dh, G, kDefaultDepth>(p, stream);
-}
-
 template <typename T, int Dh>
 CudaStatus LaunchGroups(const DecodeMegaParams& p, cudaStream_t stream) {
   const int G = p.Hq / p.Hkv;
-  if (G == 1) return LaunchDepth<T, Dh, 1>(p, stream);
-  if (G == 2) return LaunchDepth<T, Dh, 2>(p, stream);
-  return LaunchDepth<T, Dh, 4>(p, stream);
+  if (G == 1) return LaunchTyped<T, Dh, 1>(p, stream);
+  if (G == 2) return LaunchTyped<T, Dh, 2>(p, stream);
+  return LaunchTyped<T, Dh, 4>(p, stream);
 }
 
 }  // namespace

@@ -6,8 +6,9 @@
 // it for one-row decode steps when asked (CudaModelRunnerOptions::
 // decode_fusion's kDecodeMegakernel bit); its kernels stay the reference and
 // the default: measured on the H100 the megakernel is correct but ~10%
-// slower (its barriers cost more than the kernel boundaries they replace;
-// bench/notes/decode_fusion.md).
+// slower (its GEMV stages stream at the copy bandwidth, but each stage also
+// pays an input-row load, a grid barrier and the wait for its slowest SM,
+// more than a kernel boundary costs under PDL; bench/notes/decode_fusion.md).
 // Plain C++ header; the kernel is in decode_megakernel.cu.
 #pragma once
 
@@ -48,16 +49,18 @@ struct DecodeMegaParams {
   int block_size = 0;
   const float2* cos_sin = nullptr;  // [max_pos, Dh / 2]: (cos, sin) of pos * inv_freq[i]
   void* workspace = nullptr;        // DecodeMegakernelWorkspaceBytes, zeroed once when allocated
-  int probe = 0;  // set from FUSEDSERVE_MEGA_PROBE at launch (timing runs only)
+  int probe = 0;                    // set from FUSEDSERVE_MEGA_PROBE at launch (timing runs only)
 };
 
 // bf16/fp16, head dim 64 or 128, 1, 2 or 4 query heads per kv head, D, I and
 // Hq Dh multiples of 8 up to 16384, and a device that holds one CTA of the
 // kernel per SM.
 bool DecodeMegakernelSupported(DType dtype, int D, int I, int Hq, int Hkv, int Dh);
-// The counters (the grid barrier's, the attention splits'; every launch
-// leaves them at zero) and the fp32 rows that pass between stages (q, the
+// The counters (the grid barrier's, which only grows and stays a multiple
+// of the grid size between launches; the attention splits', which every
+// launch leaves at zero) and the fp32 rows that pass between stages (q, the
 // attention output, the SwiGLU activation, the attention splits' partials).
+// Zeroed once, when allocated; one workspace per device.
 size_t DecodeMegakernelWorkspaceBytes(int I, int Hq, int Hkv, int Dh);
 CudaStatus LaunchDecodeMegakernel(const DecodeMegaParams& p, cudaStream_t stream);
 

@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -498,6 +499,7 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
 constexpr int kProbeNoGemv = 1, kProbeNoAttention = 2, kProbeNoDots = 4, kProbeStamps = 8;
 constexpr int kStampSms = 160, kStampLayers = 40, kStagesPerLayer = 5;
 __device__ long long g_stamps[kStampSms][kStampLayers * kStagesPerLayer * 3];
+__device__ int g_smid[kStampSms];
 
 // Shared memory: the warps' weight rings, the stage's input row (fp32), the
 // attention's per-warp states, the layer table.
@@ -534,6 +536,11 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
   const int splits = AttentionSplits(ctx, Hkv);
   const bool stamps = (p.probe & kProbeStamps) != 0 && blockIdx.x < kStampSms;
   // Stamp e (0 begin, 1 row loaded, 2 work done) of stage st of layer li.
+  if (stamps && threadIdx.x == 0) {
+    int smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    g_smid[blockIdx.x] = smid;
+  }
   auto stamp = [&](int li, int st, int e) {
     if (!stamps || li >= kStampLayers) return;
     if (e == 2) __syncthreads();
@@ -680,6 +687,48 @@ void PrintStamps(int sms, int layers, cudaStream_t stream) {
     std::fprintf(stderr, "  %-9s row %5.2f / %5.2f  work %6.2f / %6.2f  barrier %5.2f / %5.2f\n", kNames[st],
                  acc[0][0] / d, acc[0][1] / d, acc[1][0] / d, acc[1][1] / d, acc[2][0] / d, acc[2][1] / d);
   }
+  // Is a CTA's speed its SM's? Per CTA, the mean work time of gate_up over
+  // the first and the second half of the layers, and of down; correlations
+  // across CTAs near 1 mean the same SMs are slow every time.
+  int smid[kStampSms];
+  if (cudaMemcpyFromSymbol(smid, g_smid, sizeof(smid)) != cudaSuccess || nl < 4) return;
+  auto work = [&](int b, int st, int l0, int l1) {
+    double w = 0.0;
+    for (int li = l0; li < l1; ++li) {
+      const long long* t = host[b] + (li * kStagesPerLayer + st) * 3;
+      w += (t[2] - t[1]) * us_per_cycle;
+    }
+    return w / (l1 - l0);
+  };
+  std::vector<double> g1(n), g2(n), dn(n);
+  for (int b = 0; b < n; ++b) {
+    g1[b] = work(b, 3, 1, nl / 2);
+    g2[b] = work(b, 3, nl / 2, nl);
+    dn[b] = work(b, 4, 1, nl);
+  }
+  auto corr = [&](const std::vector<double>& x, const std::vector<double>& y) {
+    double mx = 0, my = 0, sxy = 0, sxx = 0, syy = 0;
+    for (int i = 0; i < n; ++i) mx += x[i] / n, my += y[i] / n;
+    for (int i = 0; i < n; ++i) {
+      sxy += (x[i] - mx) * (y[i] - my);
+      sxx += (x[i] - mx) * (x[i] - mx);
+      syy += (y[i] - my) * (y[i] - my);
+    }
+    return sxy / std::sqrt(sxx * syy + 1e-30);
+  };
+  std::fprintf(stderr,
+               "  per-CTA gate_up work: corr(first half, second half of layers) %.2f, corr(gate_up, down) %.2f\n",
+               corr(g1, g2), corr(g1, dn));
+  std::vector<int> order(n);
+  for (int b = 0; b < n; ++b) order[b] = b;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return g1[a] + g2[a] < g1[b] + g2[b]; });
+  std::fprintf(stderr, "  gate_up fastest (cta/sm us):");
+  for (int i = 0; i < 6; ++i)
+    std::fprintf(stderr, " %d/%d %.1f", order[i], smid[order[i]], (g1[order[i]] + g2[order[i]]) / 2);
+  std::fprintf(stderr, "\n  gate_up slowest (cta/sm us):");
+  for (int i = n - 6; i < n; ++i)
+    std::fprintf(stderr, " %d/%d %.1f", order[i], smid[order[i]], (g1[order[i]] + g2[order[i]]) / 2);
+  std::fprintf(stderr, "\n");
 }
 
 template <typename T, int Dh, int G>

@@ -120,10 +120,12 @@ __device__ void LoadRow(const X* x, const T* norm_w, int n, float eps, float* xs
 
 // How a GEMV stage of `units` units spreads over the grid's warps: when there
 // are too few units, `parts` (2 or 4) consecutive warps of a CTA split a
-// unit's K; warp group g takes units g, g + groups, ... (iters rounds, the
-// same in every warp of a CTA).
+// unit's K; warp group g takes units g iters, g iters + 1, ... (iters
+// rounds, the same in every warp of a CTA): one stream of consecutive rows,
+// as the GEMV kernel reads them (1-2% faster than units g, g + groups, ...).
 struct StagePlan {
   int parts, part, group, groups, iters;
+  __device__ __forceinline__ int Unit(int it) const { return group * iters + it; }
 };
 __device__ __forceinline__ StagePlan PlanStage(int units) {
   const int warp = threadIdx.x >> 5, nw = gridDim.x * kWarps;
@@ -227,7 +229,7 @@ struct WeightStream {
     }
   }
   __device__ void Round() {
-    const int u = sp.group + it * sp.groups;
+    const int u = sp.Unit(it);
     const int lane0 = (threadIdx.x & 31) + 32 * sp.part;
     live = u < r.units;
     a = reinterpret_cast<const uint4*>(r.Row0(live ? u : 0)) + lane0;
@@ -279,7 +281,7 @@ __device__ __forceinline__ void GemvStage(WeightStream<T, kDepth>& ws, const Sta
   const StagePlan sp = PlanStage(r.units);
   const int steps = StepsPerRound(r.K, sp), nvec = r.K / 8;
   for (int it = 0; it < sp.iters; ++it) {
-    const int u = sp.group + it * sp.groups;
+    const int u = sp.Unit(it);
     const bool owner = sp.part == 0 && lane == 0 && u < r.units;
     const float2 op = owner ? pre(u) : make_float2(0.0f, 0.0f);
     float s0 = 0.0f, s1 = 0.0f;

@@ -188,7 +188,7 @@ __device__ __forceinline__ int StepsPerRound(int K, const StagePlan& sp) {
 // slots (kDepth KB) in flight, issued in the order the stages consume them,
 // across the grid barriers and the attention: the next stage's first weights
 // arrive while the grid waits for that stage's input, so HBM does not idle
-// at a stage boundary (the barrier itself is ~3 us).
+// at a stage boundary (a barrier and an input-row load take ~2 us).
 template <typename T, int kDepth>
 struct WeightStream {
   uint4* ring;  // this warp's [kDepth][2][32] vectors
@@ -493,11 +493,12 @@ __device__ void AttendKvHead(const DecodeMegaParams& p, const MegaLayer& L, int 
   }
 }
 
-// Probe bits (FUSEDSERVE_MEGA_PROBE, timing only: the results are wrong):
-// skip the GEMV stages (no weights read), skip the attention, stream the
-// GEMV stages' weights without the dot products.
+// Probe bits (FUSEDSERVE_MEGA_PROBE; 1, 2 and 4 are for timing only, their
+// results are wrong): skip the GEMV stages (no weights read), skip the
+// attention, stream the GEMV stages' weights without the dot products.
 // Bit 8 records clock64 stamps per CTA and stage (begin, input row loaded,
-// work done) and prints a per-stage summary after each eager launch.
+// work done) and prints a per-stage and per-CTA summary after each eager
+// launch.
 constexpr int kProbeNoGemv = 1, kProbeNoAttention = 2, kProbeNoDots = 4, kProbeStamps = 8;
 constexpr int kStampSms = 160, kStampLayers = 40, kStagesPerLayer = 5;
 __device__ long long g_stamps[kStampSms][kStampLayers * kStagesPerLayer * 3];

@@ -1,23 +1,23 @@
 // The one-sequence decode megakernel (see decode_megakernel.h).
 //
-// Grid: one CTA of 16 warps per SM, launched cooperatively (every CTA
-// resident, as the grid barrier needs). Work of a GEMV stage is spread over
-// all warps of the grid (PlanStage: a unit is a pair of weight rows, as in
-// gemv.cu: a rotation pair of QKV, a gate/up pair of the SwiGLU; with fewer
-// units than warps, 2-4 warps split a unit's K) against the stage's input
-// row, which every CTA holds in shared memory as fp32 (normalised there when
-// the stage starts with an RMS norm). The attention of the one query row takes one CTA per
-// (kv head, context split): its warps split the keys, each keeps an online
-// softmax for the kv head's query heads, the CTA merges them through shared
-// memory and the last split of a kv head merges the splits. Rows that pass
-// between stages (q, the attention output, the SwiGLU activation) stay fp32
-// in the workspace; the residual row x is updated in place in the model
-// dtype, as the unfused kernels store it. Data written by other CTAs in an
-// earlier stage (x, those rows, the new token's cache row) is read through
-// L2 (__ldcg): L1 is not coherent across SMs. The weight rows reach the warps
-// through per-warp cp.async rings in shared memory that run ahead of the
-// stages (WeightStream): the copies of the next stage's rows are in flight
-// while the grid waits at a barrier.
+// Grid: one CTA of 16 warps per SM, launched cooperatively (every CTA resident,
+// as the grid barrier needs). Work of a GEMV stage is spread over all warps of
+// the grid (PlanStage: a unit is a pair of weight rows, as in gemv.cu: a
+// rotation pair of QKV, a gate/up pair of the SwiGLU; with fewer units than
+// warps, 2-4 warps split a unit's K) against the stage's input row, which every
+// CTA holds in shared memory as fp32 (normalised there when the stage starts
+// with an RMS norm). The attention of the one query row takes one CTA per (kv
+// head, context split): its warps split the keys, each keeps an online softmax
+// for the kv head's query heads, the CTA merges them through shared memory and
+// the last split of a kv head merges the splits. Rows that pass between stages
+// (q, the attention output, the SwiGLU activation) stay fp32 in the workspace;
+// the residual row x is updated in place in the model dtype, as the unfused
+// kernels store it. Data written by other CTAs in an earlier stage (x, those
+// rows, the new token's cache row) is read through L2 (__ldcg): L1 is not
+// coherent across SMs. The weight rows reach the warps through per-warp
+// cp.async rings in shared memory that run ahead of the stages (WeightStream):
+// the copies of the next stage's rows are in flight while the grid waits at a
+// barrier.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -538,12 +538,12 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
   const int64_t half = Dh / 2;
   const int splits = AttentionSplits(ctx, Hkv);
   const bool stamps = (p.probe & kProbeStamps) != 0 && blockIdx.x < kStampSms;
-  // Stamp e (0 begin, 1 row loaded, 2 work done) of stage st of layer li.
   if (stamps && threadIdx.x == 0) {
     int smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     g_smid[blockIdx.x] = smid;
   }
+  // Stamp e (0 begin, 1 row loaded, 2 work done) of stage st of layer li.
   auto stamp = [&](int li, int st, int e) {
     if (!stamps || li >= kStampLayers) return;
     if (e == 2) __syncthreads();

@@ -5,7 +5,7 @@
 // stages instead of ~8 kernel boundaries a layer. The CUDA model runner uses
 // it for one-row decode steps when asked (CudaModelRunnerOptions::
 // decode_fusion's kDecodeMegakernel bit); its kernels stay the reference and
-// the default: measured on the H100 the megakernel is correct but ~10%
+// the default: measured on the H100 the megakernel is correct but ~8%
 // slower (its GEMV stages stream at the copy bandwidth, but each stage also
 // pays an input-row load, a grid barrier and the wait for its slowest SM,
 // more than a kernel boundary costs under PDL; bench/notes/decode_fusion.md).
@@ -60,7 +60,7 @@ bool DecodeMegakernelSupported(DType dtype, int D, int I, int Hq, int Hkv, int D
 // of the grid size between launches; the attention splits', which every
 // launch leaves at zero) and the fp32 rows that pass between stages (q, the
 // attention output, the SwiGLU activation, the attention splits' partials).
-// Zeroed once, when allocated; one workspace per device.
+// Zeroed once, when allocated; never shared by launches that may overlap.
 size_t DecodeMegakernelWorkspaceBytes(int I, int Hq, int Hkv, int Dh);
 CudaStatus LaunchDecodeMegakernel(const DecodeMegaParams& p, cudaStream_t stream);
 

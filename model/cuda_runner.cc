@@ -23,12 +23,13 @@
 //               step is larger; no device allocation per step otherwise.
 //   fused decode  a pure-decode step whose projections all run the GEMV (up
 //               to 4 rows by the built-in rule) takes EnqueueFusedDecode
-//               (gemv.h; CudaModelRunnerOptions::decode_fusion): rope + cache
-//               write in the QKV GEMV's epilogue (the default), optionally the
-//               norms folded into the next GEMV and the residual adds into the
-//               previous one's epilogue (5 kernels a layer instead of 8, but
-//               not faster on the H100). wqkv's q/k head rows are stored
-//               interleaved for the rope epilogue (Upload).
+//               (gemv.h; CudaModelRunnerOptions::decode_fusion): by default
+//               rope + cache write in the QKV GEMV's epilogue and the add +
+//               RMS norm between o_proj / down and the next GEMV split
+//               between their epilogues (5 kernels a layer instead of 7);
+//               optionally the norms folded into the next GEMV's weight
+//               stream instead (not faster on the H100). wqkv's q/k head rows
+//               are stored interleaved for the rope epilogue (Upload).
 //   graphs      a step where every sequence decodes one token runs from a CUDA
 //               graph of the next batch bucket (padding rows point at the spare
 //               block), captured when the KV cache is created.
@@ -675,6 +676,9 @@ class CudaModelRunner final : public ModelRunner {
         return status;
       if (absl::Status status = CudaToAbsl(greedy_.Allocate(Sq * sizeof(int32_t)), "greedy tokens"); !status.ok())
         return status;
+      if (sq_.size() == 0) {  // the decode GEMVs' norm sums (kDecodeNormEpilogue)
+        if (absl::Status status = CudaToAbsl(sq_.Allocate(kNormSumsBytes), "norm sums"); !status.ok()) return status;
+      }
       const size_t aws = cuda::ArgmaxWorkspaceBytes(Sq);
       if (absl::Status status = CudaToAbsl(argmax_ws_.Allocate(aws), "argmax workspace"); !status.ok()) return status;
       if (absl::Status status = Cuda(cudaMemset(argmax_ws_.get(), 0, aws), "argmax workspace clear"); !status.ok())
@@ -1023,7 +1027,11 @@ class CudaModelRunner final : public ModelRunner {
   // of 8 with every fusion (fuse_ bits, CudaModelRunnerOptions::decode_fusion):
   //   norm  QKV and gate_up fold the RMS norm of the residual in, o_proj and
   //         down add the residual in their epilogues, the LM head folds the
-  //         final norm in; else the (add_)rms_norm kernels as in EnqueueLayers;
+  //         final norm in;
+  //   norm epilogue  o_proj and down add the residual and write x * weight
+  //         of the next norm with each row's sum of squares, which QKV,
+  //         gate_up and the LM head turn into the rstd in their epilogues;
+  //   else the (add_)rms_norm kernels as in EnqueueLayers;
   //   rope  the QKV GEMV rotates q/k and writes q and the cache rows; else
   //         the QKV output and the rope kernel.
   // Either way the LM head reads the step's rows directly (one row per
@@ -1040,6 +1048,18 @@ class CudaModelRunner final : public ModelRunner {
     };
     int cur = 0;
     const bool mega = mega_ && T == 1;
+    // The norms in the GEMV epilogues: h_ then holds y * weight of the last
+    // o_proj / down and sq_ its sums of y^2 (the first layer's h_ comes
+    // from the norm kernel, normalised already).
+    const bool norm_epi =
+        (fuse_ & CudaModelRunnerOptions::kDecodeNormEpilogue) != 0 && !fuse_norm && !mega && group_ == nullptr;
+    unsigned long long* sq_attn = sq_.as<unsigned long long>() + cuda::kGemvMaxM;  // down -> QKV, LM head
+    unsigned long long* sq_mlp = sq_.as<unsigned long long>();                     // o_proj -> gate_up
+    if (norm_epi) {  // each producer adds into zeros; the step starts from zeros whatever ran before
+      if (absl::Status status = Cuda(cudaMemsetAsync(sq_.get(), 0, kNormSumsBytes, stream_), "norm sums clear");
+          !status.ok())
+        return status;
+    }
     if (mega) {
       if (absl::Status status = EnqueueMegakernelLayers(); !status.ok()) return status;
       // What the last layer's add + norm leaves for an LM head without the norm folded in.
@@ -1060,6 +1080,9 @@ class CudaModelRunner final : public ModelRunner {
       cuda::GemvFusion qkv;
       if (fuse_norm) {
         qkv.norm_weight = L.attn_norm.get();
+        qkv.eps = eps;
+      } else if (norm_epi && l > 0) {
+        qkv.sq_in = sq_attn;
         qkv.eps = eps;
       }
       const void* qkv_in = fuse_norm ? x_[cur].get() : h_.get();
@@ -1090,9 +1113,15 @@ class CudaModelRunner final : public ModelRunner {
         const void* next_w = half == 0           ? L.mlp_norm.get()
                              : l + 1 < c_.layers ? layers_[l + 1].attn_norm.get()
                                                  : final_norm_.get();
-        if (fuse_norm) {
+        if (fuse_norm || norm_epi) {
           cuda::GemvFusion r;
           r.residual = x_[cur].get();
+          if (norm_epi) {
+            r.norm_next = next_w;
+            r.norm_out = h_.get();
+            r.sq_out = half == 0 ? sq_mlp : sq_attn;
+            r.sq_clear = half == 0 ? sq_attn : sq_mlp;  // read by this layer's QKV / gate_up, done
+          }
           if (absl::Status status = gemv(in, w, D, K, x_[1 - cur].get(), r, "o_proj/down"); !status.ok()) return status;
         } else {
           void* sums = PartialSums(T, half);
@@ -1105,11 +1134,12 @@ class CudaModelRunner final : public ModelRunner {
         cur = 1 - cur;
         if (half == 1) break;
         const void* gate_in = fuse_norm ? x_[cur].get() : h_.get();
+        cuda::GemvFusion g;
+        if (fuse_norm) g.norm_weight = L.mlp_norm.get();
+        if (norm_epi) g.sq_in = sq_mlp;
+        g.eps = eps;
         if (absl::Status status = CudaToAbsl(
-                fuse_norm ? cuda::LaunchGemvSwigluNorm(dt_, T, D, I, gate_in, L.mlp_norm.get(), eps, L.gate_up.get(),
-                                                       act_.get(), stream_)
-                          : cuda::LaunchGemvSwiglu(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), stream_),
-                "gate_up");
+                cuda::LaunchGemvSwigluFused(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), g, stream_), "gate_up");
             !status.ok())
           return status;
       }
@@ -1121,6 +1151,9 @@ class CudaModelRunner final : public ModelRunner {
     cuda::GemvFusion head;
     if (fuse_norm) {
       head.norm_weight = final_norm_.get();
+      head.eps = eps;
+    } else if (norm_epi) {
+      head.sq_in = sq_attn;
       head.eps = eps;
     }
     if (absl::Status status =
@@ -1430,6 +1463,10 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer x_[2], h_, tmp_, qkv_, q_, k_, v_, ao_, gu_, act_, last_, logits_, ws_;
   PinnedBuffer hlogits_;
   DeviceBuffer greedy_, argmax_ws_;
+  // The norm sums (GemvFusion::sq_out) o_proj and down pass to the next GEMV:
+  // o_proj's [kGemvMaxM] rows, then down's.
+  static constexpr size_t kNormSumsBytes = 2 * cuda::kGemvMaxM * sizeof(unsigned long long);
+  DeviceBuffer sq_;
   PinnedBuffer hgreedy_;
   StepIndex ix_;         // the current step's layout
   int64_t cap_idx_ = 0;  // int32 elements didx_/hidx_ hold

@@ -35,20 +35,33 @@ struct CudaModelRunnerOptions {
   // built-in rule up to 4 rows), a bit mask (kernels/cuda/gemv.h):
   //   kDecodeFuseRope  rope + paged KV-cache write in the QKV GEMV's epilogue;
   //   kDecodeFuseNorm  the RMS norms folded into the GEMVs that consume them
-  //                    (QKV, gate_up, LM head), the residual adds into the
-  //                    o_proj/down epilogues: no norm kernels.
-  // 0, or FUSEDSERVE_DECODE_FUSION=<mask> in the environment (which wins):
-  // the unfused kernels, the reference. Default: rope only. Measured on the
-  // H100 at B=1 (bench/notes/decode_fusion.md): rope 1.238 ms, norm 1.239,
-  // none 1.245, both 1.293 (the norm-folded SwiGLU GEMV runs ~3 us slower a
-  // layer next to the rope epilogue); every mask is tested.
+  //                    (QKV, gate_up, LM head: each recomputes the sum of
+  //                    squares and loads the norm weight in its weight
+  //                    stream), the residual adds into the o_proj/down
+  //                    epilogues: no norm kernels;
   //   kDecodeMegakernel  one-row steps run every layer in one persistent
   //                    kernel (kernels/cuda/decode_megakernel.h) where the
   //                    model fits it (one GPU, bf16/fp16, head dim 64/128,
   //                    GQA group 1/2/4); the mask's other bits then apply to
-  //                    the LM head and to steps of more rows.
-  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2, kDecodeMegakernel = 4;
-  int decode_fusion = kDecodeFuseRope;
+  //                    the LM head and to steps of more rows;
+  //   kDecodeNormEpilogue  (not with kDecodeFuseNorm; one GPU) the add + RMS
+  //                    norm kernels after o_proj and down move into the GEMVs
+  //                    around them instead: the producer adds the residual,
+  //                    writes y * norm weight and adds each row's sum of y^2
+  //                    into a fixed-point counter; the consumer (gate_up, the
+  //                    next QKV, the LM head) scales its sums by the rstd in
+  //                    its epilogue, its weight stream unchanged
+  //                    (GemvFusion::norm_next, sq_in). Only the first layer's
+  //                    norm kernel is left.
+  // 0, or FUSEDSERVE_DECODE_FUSION=<mask> in the environment (which wins):
+  // the unfused kernels, the reference. Default: rope + norm epilogues.
+  // Measured on the H100, 1B model at B=1, context 128
+  // (bench/notes/decode_fusion.md): rope 1.152-1.165 ms, rope + norm
+  // epilogues 1.121-1.137 in the same call; earlier, none 1.245, norm folded
+  // 1.239, rope + norm folded 1.293 (the folded SwiGLU GEMV ran ~3 us slower
+  // a layer). Every mask is tested.
+  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2, kDecodeMegakernel = 4, kDecodeNormEpilogue = 8;
+  int decode_fusion = kDecodeFuseRope | kDecodeNormEpilogue;
   // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
   // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is
   // looked up once per token bucket: when the KV cache is created for the

@@ -141,7 +141,19 @@ struct GemvParams {
   const void* norm_w;    // [K] (kNorm): x is RMS-normalised with these weights
   float eps;
   GemvRopeKv rope;  // kRopeKv
+  // The next RMS norm through the epilogues (GemvFusion::norm_next, sq_in).
+  const void* norm_next;            // kResidual: [N] its weight; norm_out = y * norm_next
+  void* norm_out;                   // [M,N]
+  unsigned long long* sq_out;       // [M] rows' sums of y^2 (kSumScale fixed point), added to
+  unsigned long long* sq_clear;     // [M] zeroed (the other producer's sums, read already)
+  const unsigned long long* sq_in;  // a producer's sq_out: the sums scaled by rsqrt(sum / K + eps)
 };
+
+// The norm sums pass between GEMVs as 64-bit fixed point (2^-24): integer
+// adds in any order give the same bits, so the atomics stay deterministic,
+// and one load per row is all a consumer reads. Range: sums of y^2 up to
+// 2^40 (an RMS of 16,000 at 4096 columns).
+constexpr float kSumScale = 16777216.0f;
 
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
 
@@ -202,6 +214,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
   float rstd[kM];
 #pragma unroll
   for (int m = 0; m < kM; ++m) rstd[m] = 1.0f;
+  // A producer's sums (kernel complete: after the wait), lane m row m's;
+  // turned into rstd at the first epilogue, so the load's latency hides
+  // under the weight stream.
+  unsigned long long sq_row = 0;
+  if constexpr (!kNorm) {
+    if (p.sq_in != nullptr && lane < kM && lane < p.M) sq_row = __ldcg(p.sq_in + lane);
+  }
+  float sumsq = 0.0f;  // kResidual with norm_out: lane m's row's sum of the stored y^2
   // The same trip count for every warp of the block (the split barrier).
   for (int64_t k = 0; k < units_per_warp; ++k) {
     const int64_t unit = first + k;
@@ -214,7 +234,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
     // now so their L2 round trip hides under the weight stream instead of
     // adding to the kernel's tail: the residual pair, or rope's (cos, sin)
     // and the cache slot.
-    float res0 = 0.0f, res1 = 0.0f;
+    float res0 = 0.0f, res1 = 0.0f, g0 = 0.0f, g1 = 0.0f;
     float2 cs = make_float2(1.0f, 0.0f);
     int64_t slot = -1;
     if (live && slice == 0 && lane < kM && lane < p.M) {
@@ -222,6 +242,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
         const T* res = static_cast<const T*>(p.residual) + lane * p.N;
         res0 = ToFloat(res[r0]);
         if (has1) res1 = ToFloat(res[r1]);
+        if (p.norm_out != nullptr) {
+          const T* g = static_cast<const T*>(p.norm_next);
+          g0 = ToFloat(g[r0]);
+          if (has1) g1 = ToFloat(g[r1]);
+        }
       } else if constexpr (kMode == kRopeKv) {
         const int D = p.rope.D, h = static_cast<int>(r0 / D);
         if (h < p.rope.Hq + p.rope.Hkv) {
@@ -305,6 +330,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
       __syncthreads();
     }
     if (!live || slice != 0) continue;
+    if constexpr (!kNorm) {
+      if (p.sq_in != nullptr && k == 0) {
+        const float r = rsqrtf(static_cast<float>(sq_row) / kSumScale / static_cast<float>(p.K) + p.eps);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) rstd[m] = r;  // lane m uses rstd[m] only
+      }
+    }
     if constexpr (kNorm) {
       if (k == 0) {
 #pragma unroll
@@ -319,8 +351,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
         if constexpr (kSw) {
           y[m * p.N + unit] = FromFloat<T>(Silu(v0) * v1);
         } else if constexpr (kMode == kResidual) {
-          y[m * p.N + r0] = FromFloat<T>(v0 + res0);
-          if (has1) y[m * p.N + r1] = FromFloat<T>(v1 + res1);
+          const T o0 = FromFloat<T>(v0 + res0), o1 = FromFloat<T>(v1 + res1);
+          y[m * p.N + r0] = o0;
+          if (has1) y[m * p.N + r1] = o1;
+          if (p.norm_out != nullptr) {  // the norm of the values as stored
+            T* z = static_cast<T*>(p.norm_out) + m * p.N;
+            const float a0 = ToFloat(o0), a1 = has1 ? ToFloat(o1) : 0.0f;
+            z[r0] = FromFloat<T>(a0 * g0);
+            if (has1) z[r1] = FromFloat<T>(a1 * g1);
+            sumsq = fmaf(a0, a0, fmaf(a1, a1, sumsq));
+          }
         } else if constexpr (kMode == kRopeKv) {
           // Rows r0, r0 + 1 are one head's elements (i, i + D/2) for q and k
           // heads (the weight rows interleaved so), (e, e + 1) for v heads.
@@ -357,6 +397,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int6
           y[m * p.N + r0] = FromFloat<T>(Act(v0 + (bias ? ToFloat(bias[r0]) : 0.0f), p.act));
           if (has1) y[m * p.N + r1] = FromFloat<T>(Act(v1 + (bias ? ToFloat(bias[r1]) : 0.0f), p.act));
         }
+      }
+    }
+  }
+  if constexpr (kMode == kResidual) {
+    if (p.sq_out != nullptr) {  // this block's rows' sums of y^2 (lane m holds row m's)
+      if (lane < kM) partial[warp][lane][0] = sumsq;
+      __syncthreads();
+      if (threadIdx.x < kM && threadIdx.x < p.M) {
+        float t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kGemvWarps; ++w) t += partial[w][threadIdx.x][0];
+        atomicAdd(p.sq_out + threadIdx.x, static_cast<unsigned long long>(__float2ull_rn(t * kSumScale)));
+        if (blockIdx.x == 0) p.sq_clear[threadIdx.x] = 0;
       }
     }
   }
@@ -574,7 +627,18 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
   p.norm_w = f.norm_weight;
   p.eps = f.eps;
   p.rope = f.rope;
+  p.norm_next = f.norm_next;
+  p.norm_out = f.norm_out;
+  p.sq_out = f.sq_out;
+  p.sq_clear = f.sq_clear;
+  p.sq_in = f.sq_in;
   const bool norm = f.norm_weight != nullptr;
+  if (norm && f.sq_in != nullptr) return CudaStatus::Unsupported("fused GEMV: norm weight and producer sums");
+  if ((f.norm_out != nullptr) != (f.norm_next != nullptr) || (f.norm_out != nullptr) != (f.sq_out != nullptr) ||
+      (f.sq_out != nullptr) != (f.sq_clear != nullptr))
+    return CudaStatus::Error("fused GEMV: norm_next, norm_out, sq_out and sq_clear go together");
+  if (f.norm_out != nullptr && f.residual == nullptr)
+    return CudaStatus::Unsupported("fused GEMV: the next norm's epilogue needs the residual add");
   if (f.rope_kv) {
     const GemvRopeKv& r = f.rope;
     if (f.residual != nullptr) return CudaStatus::Unsupported("fused GEMV: rope epilogue with a residual");
@@ -597,8 +661,19 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
 
 CudaStatus LaunchGemvSwigluNorm(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* norm_weight,
                                 float eps, const void* gate_up, void* h, cudaStream_t stream) {
-  if (!GemvSupported(dtype, M, D, x, gate_up) || norm_weight == nullptr || !Aligned16(norm_weight))
-    return CudaStatus::Unsupported("GEMV SwiGLU norm: unsupported problem");
+  if (norm_weight == nullptr) return CudaStatus::Unsupported("GEMV SwiGLU norm: no norm weight");
+  GemvFusion f;
+  f.norm_weight = norm_weight;
+  f.eps = eps;
+  return LaunchGemvSwigluFused(dtype, M, D, I, x, gate_up, h, f, stream);
+}
+
+CudaStatus LaunchGemvSwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                                 void* h, const GemvFusion& f, cudaStream_t stream) {
+  if (!GemvSupported(dtype, M, D, x, gate_up) || (f.norm_weight != nullptr && !Aligned16(f.norm_weight)))
+    return CudaStatus::Unsupported("GEMV SwiGLU fused: unsupported problem");
+  if (f.residual != nullptr || f.rope_kv || f.norm_out != nullptr || (f.norm_weight != nullptr && f.sq_in != nullptr))
+    return CudaStatus::Unsupported("GEMV SwiGLU fused: only a folded norm or a producer's sums");
   if (I == 0) return CudaStatus::Ok();
   GemvParams p{};
   p.x = x;
@@ -608,9 +683,11 @@ CudaStatus LaunchGemvSwigluNorm(DType dtype, int64_t M, int64_t D, int64_t I, co
   p.N = I;
   p.K = D;
   p.act = Activation::kNone;
-  p.norm_w = norm_weight;
-  p.eps = eps;
-  return LaunchGemvFusedDtype<kSwiglu, true>(dtype, p, stream);
+  p.norm_w = f.norm_weight;
+  p.eps = f.eps;
+  p.sq_in = f.sq_in;
+  return f.norm_weight != nullptr ? LaunchGemvFusedDtype<kSwiglu, true>(dtype, p, stream)
+                                  : LaunchGemvFusedDtype<kSwiglu, false>(dtype, p, stream);
 }
 
 }  // namespace fusedserve::cuda

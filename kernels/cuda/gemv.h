@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
@@ -68,12 +69,26 @@ struct GemvRopeKv {
 //                taken from the x loads the GEMV makes anyway;
 //   residual     y = x . w^T + residual   ([M,N]; not with rope);
 //   rope         the GemvRopeKv epilogue (y unused; N = (Hq + 2 Hkv) D).
+//   norm_next    (with residual) the next RMS norm's share of the epilogue:
+//                norm_out = y * norm_next as y is stored, each row's sum of
+//                y^2 added into sq_out[row] (zero before: fixed point, so
+//                the sum is the same whatever the blocks' order), and
+//                sq_clear[row] zeroed (the other producer's sums, whose
+//                reader has finished);
+//   sq_in        a producer's sq_out: x is its norm_out, and the dot
+//                products are scaled by rstd = rsqrt(sum / K + eps). Two
+//                GEMVs so replace the (add_)rms_norm kernel between them.
 struct GemvFusion {
   const void* norm_weight = nullptr;  // [K]
   float eps = 1e-5f;
   const void* residual = nullptr;
   bool rope_kv = false;
   GemvRopeKv rope;
+  const void* norm_next = nullptr;  // [N]
+  void* norm_out = nullptr;         // [M,N]
+  unsigned long long* sq_out = nullptr;
+  unsigned long long* sq_clear = nullptr;
+  const unsigned long long* sq_in = nullptr;
 };
 // bf16/fp16 only; GemvSupported shapes; Unsupported otherwise.
 CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
@@ -81,5 +96,9 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
 // LaunchGemvSwiglu on rms_norm(x) * norm_weight (folded in as above).
 CudaStatus LaunchGemvSwigluNorm(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* norm_weight,
                                 float eps, const void* gate_up, void* h, cudaStream_t stream);
+// LaunchGemvSwiglu with a folded norm (norm_weight, eps) or a producer's sums
+// (sq_in, eps); GemvFusion's other fields must be unset.
+CudaStatus LaunchGemvSwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                                 void* h, const GemvFusion& f, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

@@ -174,6 +174,68 @@ TEST_P(GemvFusedTest, SwigluNorm) {
   }
 }
 
+// The norm through the epilogues (GemvFusion::norm_next / sq_in): a
+// producer y = x . w^T + residual also writes y * g and adds each row's sum
+// of y^2 into sq_out (and zeroes sq_clear); the consumer (linear, the SwiGLU
+// gate) on those equals the GEMV of rms_norm(y) * g. The residual stream y
+// itself as in Residual; a consumer run twice gives the same bits.
+TEST_P(GemvFusedTest, NormThroughEpilogues) {
+  const DType dt = GetParam();
+  std::mt19937 rng(15);
+  unsigned long long* dsq = nullptr;  // [0, 8): the producer's sums, [8, 16): the ones it clears
+  ASSERT_EQ(cudaMalloc(&dsq, 16 * sizeof(unsigned long long)), cudaSuccess);
+  for (int64_t M : {1, 3, 8}) {
+    const int64_t K = 1536, D = 2048, N = 1001, I = 1536;
+    Host x(dt, M * K, rng, 1.0f), w(dt, D * K, rng, 0.05f), r(dt, M * D, rng, 2.0f), g(dt, D, rng, 1.0f);
+    Host w2(dt, N * D, rng, 0.05f), gu(dt, 2 * I * D, rng, 0.05f);
+    Dev dx(x.bits), dw(w.bits), dr(r.bits), dg(g.bits), dw2(w2.bits), dgu(gu.bits);
+    Dev dy(M * D), dz(M * D), dout(M * N), dout2(M * N), dh(M * I);
+    ASSERT_EQ(cudaMemset(dsq, 0, 8 * sizeof(unsigned long long)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(dsq + 8, 0xff, 8 * sizeof(unsigned long long)), cudaSuccess);
+    cuda::GemvFusion prod;
+    prod.residual = dr.p;
+    prod.norm_next = dg.p;
+    prod.norm_out = dz.p;
+    prod.sq_out = dsq;
+    prod.sq_clear = dsq + 8;
+    ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, D, K, dx.p, dw.p, dy.p, prod, nullptr).ok());
+    cuda::GemvFusion cons;
+    cons.sq_in = dsq;
+    cons.eps = 1e-5f;
+    ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, D, dz.p, dw2.p, dout.p, cons, nullptr).ok());
+    ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, D, dz.p, dw2.p, dout2.p, cons, nullptr).ok());
+    ASSERT_TRUE(cuda::LaunchGemvSwigluFused(dt, M, D, I, dz.p, dgu.p, dh.p, cons, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // The producer's y as stored, then the references from it.
+    const std::vector<float> y = dy.Get(dt);
+    ASSERT_TRUE(AllFinite(y));
+    std::vector<double> xd(x.f.begin(), x.f.end());
+    std::vector<double> yref = MatVec(xd, w.f, M, D, K);
+    for (int64_t i = 0; i < M * D; ++i) yref[i] += r.f[i];
+    EXPECT_LT(RelErrorNorm(y, ToFloats(yref)), kTol) << "M " << M;
+    const std::vector<double> hn = Normed(y, g.f, M, D, 1e-5);
+    const std::vector<float> got = dout.Get(dt);
+    ASSERT_TRUE(AllFinite(got));
+    EXPECT_LT(RelErrorNorm(got, ToFloats(MatVec(hn, w2.f, M, N, D))), kTol) << "M " << M;
+    EXPECT_EQ(got, dout2.Get(dt)) << "M " << M;
+    std::vector<unsigned long long> cleared(8);
+    ASSERT_EQ(cudaMemcpy(cleared.data(), dsq + 8, 8 * sizeof(unsigned long long), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t m = 0; m < M; ++m) EXPECT_EQ(cleared[m], 0u) << "row " << m << " of sq_clear";
+    const std::vector<double> gate_up = MatVec(hn, gu.f, M, 2 * I, D);
+    std::vector<float> want(M * I);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t i = 0; i < I; ++i) {
+        const double a = gate_up[m * 2 * I + i], b = gate_up[m * 2 * I + I + i];
+        want[m * I + i] = static_cast<float>(a / (1.0 + std::exp(-a)) * b);
+      }
+    }
+    const std::vector<float> h = dh.Get(dt);
+    ASSERT_TRUE(AllFinite(h));
+    EXPECT_LT(RelErrorNorm(h, want), kTol) << "M " << M;
+  }
+  cudaFree(dsq);
+}
+
 // QKV with the norm folded in and the rope + paged cache epilogue: q (and
 // dense k/v when asked) and the cache rows of each token's slot against
 // qkv = rms_norm(x) . W^T (W in the plain order; the device gets its q/k head

@@ -355,7 +355,8 @@ TEST_P(ModelCudaTest, FusedDecodeMatchesUnfused) {
   const ModelConfig c = Config();
   const int64_t bs = 16;
   constexpr int kMega = CudaModelRunnerOptions::kDecodeMegakernel;
-  for (int mask : {1, 2, 3, kMega | 1, kMega | 2}) {
+  constexpr int kNormEpi = CudaModelRunnerOptions::kDecodeNormEpilogue;
+  for (int mask : {1, 2, 3, kMega | 1, kMega | 2, kNormEpi, kNormEpi | 1, kMega | kNormEpi | 1}) {
     for (bool graphs : {true, false}) {
       for (int64_t B : {1, 2, 4}) {
         if (!graphs && B == 2) continue;

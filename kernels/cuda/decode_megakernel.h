@@ -5,9 +5,9 @@
 // stages instead of ~8 kernel boundaries a layer. The CUDA model runner uses
 // it for one-row decode steps when asked (CudaModelRunnerOptions::
 // decode_fusion's kDecodeMegakernel bit); its kernels stay the reference and
-// the default: measured on the H100 the megakernel is correct but ~8%
+// the default: measured on the H100 the megakernel is correct but 8-10%
 // slower (its GEMV stages stream at the copy bandwidth, but each stage also
-// pays an input-row load, a grid barrier and the wait for its slowest SM,
+// pays an input-row load, a grid barrier and HBM time around the stage,
 // more than a kernel boundary costs under PDL; bench/notes/decode_fusion.md).
 // Plain C++ header; the kernel is in decode_megakernel.cu.
 #pragma once

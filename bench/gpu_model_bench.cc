@@ -1,6 +1,6 @@
 // Model benchmarks of the CUDA model runner (random bf16 weights):
 //   1. decode step of the llama-3.2-1b preset through ModelRunner::Forward:
-//      B = 1, 16, 64 sequences, contexts 128 and 2048, one token each, greedy
+//      B = 1, 2, 4, 16, 64 sequences, contexts 128 and 2048, one token each, greedy
 //      (index upload, the step replayed from its CUDA graph, device argmax,
 //      B token ids copied back: what the engine pays per greedy step).
 //   2. the same model through the Engine (scheduler, continuous batching,
@@ -130,7 +130,7 @@ std::unique_ptr<ModelRunner> MakeRunner(const ModelConfig& c, int64_t max_tokens
     const LookupCounts n = g_services.back()->counts();
     std::printf("runner: %lld of %lld kernel shape buckets read tuned configs from the cache\n",
                 static_cast<long long>(n.hits), static_cast<long long>(n.keys));
-    // What the decode buckets run (the built-in rule: GEMV <= 4 rows, skinny <= 32, algo=0 beyond).
+    // What the decode buckets run (the built-in rule: GEMV at 1 row, skinny <= 32, algo=0 beyond).
     const ConfigLookup lookup = g_services.back()->lookup();
     const char* names[kModelKernels] = {"input_norm", "add_norm", "qkv",       "o_proj", "swiglu",
                                         "gate_up",    "down",     "attention", "lm_head"};
@@ -220,7 +220,7 @@ void DecodeTable(const ModelConfig& c, double bw) {
   const double weight_bytes = static_cast<double>(c.NumParameters()) * 2;
   std::printf("%4s %6s %10s %10s %8s %10s\n", "B", "ctx", "step_ms", "floor_ms", "%floor", "tokens/s");
   for (int64_t ctx : {128, 2048}) {
-    for (int64_t B : {1, 16, 64}) {
+    for (int64_t B : {1, 2, 4, 16, 64}) {
       Batch batch(B, ctx - 1, 1, per_seq, c.vocab);  // attends over ctx keys
       const double med = MedianForwardMs(*r, batch.seqs);
       const double kv_bytes = static_cast<double>(B) * ctx * c.layers * c.kv_dim() * 2 * 2;

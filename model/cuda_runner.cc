@@ -16,13 +16,14 @@
 //               and flash prefill run the op's launch for the config the
 //               tuning cache holds for the step's token bucket
 //               (tuned_configs.h; keys in kernel_shapes.h), the ops' built-in
-//               rule without one: GEMV up to 4 rows, the tensor-core skinny
+//               rule without one: GEMV for one row, the tensor-core skinny
 //               GEMM up to 32, cuBLASLt beyond; the gate is fused into the
 //               first two (cuBLASLt: + the SwiGLU kernel).
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
 //               step is larger; no device allocation per step otherwise.
-//   fused decode  a pure-decode step whose projections all run the GEMV (up
-//               to 4 rows by the built-in rule) takes EnqueueFusedDecode
+//   fused decode  a pure-decode step whose projections all run the GEMV (one
+//               row by the built-in rule; tuned configs may give it more)
+//               takes EnqueueFusedDecode
 //               (gemv.h; CudaModelRunnerOptions::decode_fusion): by default
 //               rope + cache write in the QKV GEMV's epilogue and the add +
 //               RMS norm between o_proj / down and the next GEMV split
@@ -922,7 +923,7 @@ class CudaModelRunner final : public ModelRunner {
       cuda::ParseLinearConfig(config, &c);
       path = c.path;
     }
-    return path == cuda::LinearPath::kGemv || (path == cuda::LinearPath::kDefault && M <= cuda::kGemvAutoMaxM);
+    return path == cuda::LinearPath::kGemv || (path == cuda::LinearPath::kDefault && M <= cuda::GemvAutoMaxM());
   }
 
   // A pure-decode step (one token per sequence, so row b is sequence b's last

@@ -32,7 +32,7 @@ struct CudaModelRunnerOptions {
   // times kernels alone). Off: the tuned graph, as a test forcing configs wants.
   bool compare_decode_graphs = true;
   // Fusions of pure-decode steps whose projections run the GEMV (the
-  // built-in rule up to 4 rows), a bit mask (kernels/cuda/gemv.h):
+  // built-in rule: one row), a bit mask (kernels/cuda/gemv.h):
   //   kDecodeFuseRope  rope + paged KV-cache write in the QKV GEMV's epilogue;
   //   kDecodeFuseNorm  the RMS norms folded into the GEMVs that consume them
   //                    (QKV, gate_up, LM head: each recomputes the sum of

@@ -157,6 +157,19 @@ constexpr float kSumScale = 16777216.0f;
 
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
 
+// Blocks an SM, so that the norm epilogue's operands (the residual form's
+// norm weight pair and sum of squares, every form's producer sum) cost no
+// occupancy: the compiler had 72 registers (7 blocks) at one row, 78 with
+// rope (6), ~96 at 2-4 rows (5) before them, and took 76-80 at one row (6)
+// with them. 8 rows (a tuning candidate only) and the folded norm: the
+// compiler's choice (0).
+template <int kM, int kMode, bool kNorm>
+constexpr int GemvMinBlocks() {
+  if (kNorm || kM > 4) return 0;
+  if (kM == 1) return kMode == kRopeKv ? 6 : 7;
+  return 5;
+}
+
 // Each warp owns one unit (a pair of weight rows, or a gate/up pair) at a
 // time; with split > 1, `split` consecutive warps share a unit, each
 // streaming every split-th 128-vector chunk of K, and add their partial sums
@@ -168,7 +181,8 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); 
 // from the x vectors the warps read anyway (first unit only), so no pass of
 // its own (a prologue that normalised x first cost ~100 us per step).
 template <typename T, int kM, int kMode, bool kNorm>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(GemvParams p, int64_t units_per_warp, int split) {
+__global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNorm>()))
+    GemvKernel(GemvParams p, int64_t units_per_warp, int split) {
   using V = Vec16<T>;
   constexpr bool kSw = kMode == kSwiglu;
   constexpr int kAcc = kNorm ? 3 : 2;

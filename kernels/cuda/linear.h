@@ -38,10 +38,15 @@ struct LinearConfig {
 // (skinny_gemm.h) and on Hopper for some shapes up to kSkinnyMaxM
 // (SkinnyGemmByDefault), cuBLASLt beyond. Measured on the H100: swiglu_mlp M=1
 // D=4096 I=14336 129-131 us through the fused SwiGLU GEMV against 131-132 us
-// for cuBLASLt's two GEMMs alone; above 4 rows the FMA work per weight byte
-// grows and tensor cores take over. The tuner may pick any candidate that
-// fits the shape.
-constexpr int64_t kGemvAutoMaxM = 4;
+// for cuBLASLt's two GEMMs alone; at 2 rows and more the GEMV's FMA and x
+// loads per weight byte make it issue-bound (1B decode step, same call:
+// B=2 1.352-1.360 ms on the GEMV against 1.197-1.201 on the skinny GEMM, B=4
+// 1.73-1.74 against 1.21; bench/notes/decode_fusion.md), so one row only. The
+// tuner may pick any candidate that fits the shape.
+constexpr int64_t kGemvAutoMaxM = 1;
+// The built-in rule's GEMV limit: kGemvAutoMaxM, or FUSEDSERVE_GEMV_MAX_M
+// (0-8) from the environment, read once (A/B runs).
+int64_t GemvAutoMaxM();
 
 std::string FormatLinearConfig(const LinearConfig& c);
 // False (and *c untouched) when `s` is not a well-formed linear config.

@@ -2,6 +2,8 @@
 // the tuned LinearConfig -> cuBLASLt, GEMV or the skinny GEMM. An unset or
 // unparsable config, or one that cannot apply to the shape (GEMV for large
 // M), takes the built-in rule.
+#include <cstdlib>
+
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/gemm.h"
@@ -22,6 +24,14 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
   if (!ParseConfigInts(s, "pa", &v) || v[0] > static_cast<int>(LinearPath::kSkinny)) return false;
   *c = LinearConfig{static_cast<LinearPath>(v[0]), v[1]};
   return true;
+}
+
+int64_t GemvAutoMaxM() {
+  static const int64_t m = [] {
+    const char* e = std::getenv("FUSEDSERVE_GEMV_MAX_M");
+    return e != nullptr && e[0] >= '0' && e[0] <= '8' && e[1] == '\0' ? int64_t{e[0] - '0'} : kGemvAutoMaxM;
+  }();
+  return m;
 }
 
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K) {
@@ -49,7 +59,7 @@ LinearPath ChosenLinearPath(const cuda::GemmParams& g, const LinearConfig& c) {
   if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;
   if (c.path == LinearPath::kSkinny && skinny_ok) return LinearPath::kSkinny;
   if (c.path != LinearPath::kGemm) {  // the built-in rule
-    if (gemv_ok && g.M <= kGemvAutoMaxM) return LinearPath::kGemv;
+    if (gemv_ok && g.M <= GemvAutoMaxM()) return LinearPath::kGemv;
     if (skinny_ok && cuda::SkinnyGemmByDefault(g.M, g.N, g.K, false)) return LinearPath::kSkinny;
   }
   return LinearPath::kGemm;

@@ -348,19 +348,25 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
 // cache write in the QKV GEMV, norms folded into the GEMVs with the residual
 // adds in their epilogues, and both; with the megakernel bit, one-row steps
 // run every layer in the decode megakernel) against the unfused kernels and
-// the CPU runner: decode steps of 1, 2 and 4 sequences (the GEMV buckets),
-// from graphs and eagerly, logits of every step. (The environment's
+// the CPU runner: decode steps of 1, 2 and 4 sequences on the GEMV (forced
+// by a tuned config above one row; the unfused reference on the built-in
+// rule), from graphs and eagerly, logits of every step. (The environment's
 // FUSEDSERVE_DECODE_FUSION, when set, overrides every runner's mask.)
 TEST_P(ModelCudaTest, FusedDecodeMatchesUnfused) {
   const ModelConfig c = Config();
   const int64_t bs = 16;
   constexpr int kMega = CudaModelRunnerOptions::kDecodeMegakernel;
   constexpr int kNormEpi = CudaModelRunnerOptions::kDecodeNormEpilogue;
+  // The fusions need every projection on the GEMV: the built-in rule gives
+  // it one row, a tuned config (forced here) more.
+  ConfigLookup gemv = [](const std::string& op, DType, const std::vector<int64_t>&) -> std::string {
+    return op == "linear" ? "p1.a0" : op == "swiglu_mlp" ? "p1" : "";
+  };
   for (int mask : {1, 2, 3, kMega | 1, kMega | 2, kNormEpi, kNormEpi | 1, kMega | kNormEpi | 1}) {
     for (bool graphs : {true, false}) {
       for (int64_t B : {1, 2, 4}) {
         if (!graphs && B == 2) continue;
-        Pair fused = MakePair(c, 4 * B, bs, graphs, nullptr, false, mask);
+        Pair fused = MakePair(c, 4 * B, bs, graphs, gemv, false, mask);
         Pair plain = MakePair(c, 4 * B, bs, graphs, nullptr, false, /*decode_fusion=*/0);
         ASSERT_TRUE(fused.gpu != nullptr && plain.gpu != nullptr);
         std::mt19937 rng(static_cast<unsigned>(100 + B));

@@ -673,15 +673,6 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
               : LaunchGemvFusedDtype<kLinear, false>(dtype, p, stream);
 }
 
-CudaStatus LaunchGemvSwigluNorm(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* norm_weight,
-                                float eps, const void* gate_up, void* h, cudaStream_t stream) {
-  if (norm_weight == nullptr) return CudaStatus::Unsupported("GEMV SwiGLU norm: no norm weight");
-  GemvFusion f;
-  f.norm_weight = norm_weight;
-  f.eps = eps;
-  return LaunchGemvSwigluFused(dtype, M, D, I, x, gate_up, h, f, stream);
-}
-
 CudaStatus LaunchGemvSwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
                                  void* h, const GemvFusion& f, cudaStream_t stream) {
   if (!GemvSupported(dtype, M, D, x, gate_up) || (f.norm_weight != nullptr && !Aligned16(f.norm_weight)))

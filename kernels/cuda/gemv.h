@@ -93,9 +93,6 @@ struct GemvFusion {
 // bf16/fp16 only; GemvSupported shapes; Unsupported otherwise.
 CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                            const GemvFusion& f, cudaStream_t stream);
-// LaunchGemvSwiglu on rms_norm(x) * norm_weight (folded in as above).
-CudaStatus LaunchGemvSwigluNorm(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* norm_weight,
-                                float eps, const void* gate_up, void* h, cudaStream_t stream);
 // LaunchGemvSwiglu with a folded norm (norm_weight, eps) or a producer's sums
 // (sq_in, eps); GemvFusion's other fields must be unset.
 CudaStatus LaunchGemvSwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,

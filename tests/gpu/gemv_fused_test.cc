@@ -1,5 +1,5 @@
 // The decode fusions of the GEMV (kernels/cuda/gemv.h: LaunchGemvFused,
-// LaunchGemvSwigluNorm) against host references in double: the RMS norm
+// LaunchGemvSwigluFused) against host references in double: the RMS norm
 // folded into the GEMV, the residual epilogue, the SwiGLU gate on the normed
 // x, and the QKV epilogue with rope and the paged KV-cache write. bf16 and
 // fp16, one row and several (the kernel's M tiles 1, 2, 4, 8), fresh random
@@ -89,6 +89,18 @@ std::vector<double> MatVec(const std::vector<double>& h, const std::vector<float
   return y;
 }
 
+// h[m, i] = silu(gu[m, i]) * gu[m, I + i]: the SwiGLU gate of [M, 2I] sums.
+std::vector<float> Swiglu(const std::vector<double>& gu, int64_t M, int64_t I) {
+  std::vector<float> h(M * I);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t i = 0; i < I; ++i) {
+      const double a = gu[m * 2 * I + i], b = gu[m * 2 * I + I + i];
+      h[m * I + i] = static_cast<float>(a / (1.0 + std::exp(-a)) * b);
+    }
+  }
+  return h;
+}
+
 std::vector<float> ToFloats(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
 bool AllFinite(const std::vector<float>& v) {
@@ -158,16 +170,12 @@ TEST_P(GemvFusedTest, SwigluNorm) {
     const int64_t D = 512, I = 1536;
     Host x(dt, M * D, rng, 2.0f), w(dt, 2 * I * D, rng, 0.05f), g(dt, D, rng, 1.0f);
     Dev dx(x.bits), dw(w.bits), dg(g.bits), dh(M * I);
-    ASSERT_TRUE(cuda::LaunchGemvSwigluNorm(dt, M, D, I, dx.p, dg.p, 1e-6f, dw.p, dh.p, nullptr).ok());
+    cuda::GemvFusion f;
+    f.norm_weight = dg.p;
+    f.eps = 1e-6f;
+    ASSERT_TRUE(cuda::LaunchGemvSwigluFused(dt, M, D, I, dx.p, dw.p, dh.p, f, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<double> gu = MatVec(Normed(x.f, g.f, M, D, 1e-6), w.f, M, 2 * I, D);
-    std::vector<float> want(M * I);
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t i = 0; i < I; ++i) {
-        const double a = gu[m * 2 * I + i], b = gu[m * 2 * I + I + i];
-        want[m * I + i] = static_cast<float>(a / (1.0 + std::exp(-a)) * b);
-      }
-    }
+    const std::vector<float> want = Swiglu(MatVec(Normed(x.f, g.f, M, D, 1e-6), w.f, M, 2 * I, D), M, I);
     const std::vector<float> got = dh.Get(dt);
     ASSERT_TRUE(AllFinite(got));
     EXPECT_LT(RelErrorNorm(got, want), kTol) << "M " << M;
@@ -221,17 +229,9 @@ TEST_P(GemvFusedTest, NormThroughEpilogues) {
     std::vector<unsigned long long> cleared(8);
     ASSERT_EQ(cudaMemcpy(cleared.data(), dsq + 8, 8 * sizeof(unsigned long long), cudaMemcpyDeviceToHost), cudaSuccess);
     for (int64_t m = 0; m < M; ++m) EXPECT_EQ(cleared[m], 0u) << "row " << m << " of sq_clear";
-    const std::vector<double> gate_up = MatVec(hn, gu.f, M, 2 * I, D);
-    std::vector<float> want(M * I);
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t i = 0; i < I; ++i) {
-        const double a = gate_up[m * 2 * I + i], b = gate_up[m * 2 * I + I + i];
-        want[m * I + i] = static_cast<float>(a / (1.0 + std::exp(-a)) * b);
-      }
-    }
     const std::vector<float> h = dh.Get(dt);
     ASSERT_TRUE(AllFinite(h));
-    EXPECT_LT(RelErrorNorm(h, want), kTol) << "M " << M;
+    EXPECT_LT(RelErrorNorm(h, Swiglu(MatVec(hn, gu.f, M, 2 * I, D), M, I)), kTol) << "M " << M;
   }
   cudaFree(dsq);
 }

@@ -22,12 +22,13 @@
 //   buffers     sized at creation (options.max_tokens rows), grown only when a
 //               step is larger; no device allocation per step otherwise.
 //   fused decode  a pure-decode step whose projections all run the GEMV (one
-//               row by the built-in rule; tuned configs may give it more)
-//               takes EnqueueFusedDecode
-//               (gemv.h; CudaModelRunnerOptions::decode_fusion): by default
-//               rope + cache write in the QKV GEMV's epilogue and the add +
-//               RMS norm between o_proj / down and the next GEMV split
-//               between their epilogues (5 kernels a layer instead of 7);
+//               row by the built-in rule; tuned configs may give it more) or
+//               the narrow skinny GEMM (2-32 rows) takes EnqueueFusedDecode
+//               (gemv.h, skinny_gemm.h; CudaModelRunnerOptions::decode_fusion):
+//               by default rope + cache write in the QKV projection's
+//               epilogue and the add +
+//               RMS norm between o_proj / down and the next projection split
+//               between their epilogues (5 kernels a layer instead of 8);
 //               optionally the norms folded into the next GEMV's weight
 //               stream instead (not faster on the H100). wqkv's q/k head rows
 //               are stored interleaved for the rope epilogue (Upload).
@@ -75,6 +76,7 @@
 #include "kernels/cuda/nccl_group.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/tp_add_norm.h"
 #include "kernels/cuda/tuned_configs.h"
 #include "model/cuda_rank.h"
@@ -910,10 +912,14 @@ class CudaModelRunner final : public ModelRunner {
     return Norm(cuda::NormKind::kAddRms, sums, residual, weight, T, y, residual_out);
   }
 
-  // Whether kernel k runs the GEMV at M rows (its tuned config or the built-in rule).
-  bool OnGemv(ModelKernel k, int64_t M) {
+  // Where kernel k's projection runs at M rows in the fused decode step (its
+  // tuned config or the built-in rule): the GEMV, the narrow skinny GEMM
+  // (both take gemv.h's decode epilogues), or another path.
+  enum class DecodePath { kGemv, kSkinny, kOther };
+  DecodePath DecodeProjection(ModelKernel k, int64_t M) {
     const std::string& config = Tuned(k, M);
     cuda::LinearPath path = cuda::LinearPath::kDefault;
+    int algo = 0;
     if (k == ModelKernel::kSwiglu) {
       cuda::SwigluMlpConfig c;
       cuda::ParseSwigluMlpConfig(config, &c);
@@ -922,28 +928,44 @@ class CudaModelRunner final : public ModelRunner {
       cuda::LinearConfig c;
       cuda::ParseLinearConfig(config, &c);
       path = c.path;
+      algo = c.algo;
     }
-    return path == cuda::LinearPath::kGemv || (path == cuda::LinearPath::kDefault && M <= cuda::GemvAutoMaxM());
+    using cuda::LinearPath;
+    if (path == LinearPath::kGemv || (path == LinearPath::kDefault && M <= cuda::GemvAutoMaxM()))
+      return DecodePath::kGemv;
+    if (M <= cuda::kSkinnyNarrowMaxM && (path == LinearPath::kDefault || (path == LinearPath::kSkinny && algo == 0)))
+      return DecodePath::kSkinny;
+    return DecodePath::kOther;
+  }
+
+  // Whether the projection (N outputs, reduction K) of kernel k runs fused at
+  // T rows: its DecodeProjection and the kernel's shape rules.
+  bool DecodeFusable(ModelKernel k, int64_t T, int64_t N, int64_t K) {
+    switch (DecodeProjection(k, T)) {
+      case DecodePath::kGemv:
+        return cuda::GemvShape(dt_, T, K);
+      case DecodePath::kSkinny:
+        return (fuse_ & CudaModelRunnerOptions::kDecodeSkinny) != 0 &&
+               (fuse_ & CudaModelRunnerOptions::kDecodeFuseNorm) == 0 && cuda::SkinnyGemmShape(dt_, T, N, K);
+      default:
+        return false;
+    }
   }
 
   // A pure-decode step (one token per sequence, so row b is sequence b's last
-  // row) whose projections all run the GEMV: the fused decode layers apply
-  // (on a tensor-parallel rank only the rope fusion: its o_proj and down sums
-  // are all-reduced before the residual add).
+  // row) whose layers' projections all run the GEMV or the narrow skinny GEMM:
+  // the fused decode layers apply (on a tensor-parallel rank only the rope
+  // fusion: its o_proj and down sums are all-reduced before the residual add).
+  // The LM head may run any path (after a norm kernel when not fused).
   bool FusedDecode(const Step& st) {
     if (fuse_ == 0 || st.block_layers || st.use_flash || st.T != st.B || st.R != st.T) return false;
     // A rank's residual add follows the all-reduce: no folding into epilogues.
     if (group_ != nullptr && (fuse_ & CudaModelRunnerOptions::kDecodeFuseNorm) != 0) return false;
     if (dt_ != DType::kBF16 && dt_ != DType::kF16) return false;
-    const int64_t T = st.T;
-    for (int64_t K : {c_.hidden, c_.q_dim(), c_.intermediate}) {
-      if (!cuda::GemvShape(dt_, T, K)) return false;
-    }
-    for (ModelKernel k :
-         {ModelKernel::kQkv, ModelKernel::kOProj, ModelKernel::kSwiglu, ModelKernel::kDown, ModelKernel::kLmHead}) {
-      if (!OnGemv(k, T)) return false;
-    }
-    return true;
+    const int64_t T = st.T, D = c_.hidden, qd = c_.q_dim(), I = c_.intermediate;
+    return DecodeFusable(ModelKernel::kQkv, T, qd + 2 * c_.kv_dim(), D) &&
+           DecodeFusable(ModelKernel::kOProj, T, D, qd) && DecodeFusable(ModelKernel::kSwiglu, T, I, D) &&
+           DecodeFusable(ModelKernel::kDown, T, D, I);
   }
 
   // Rope over the step's qkv rows (wqkv's interleaved layout, Upload): q to
@@ -1033,7 +1055,7 @@ class CudaModelRunner final : public ModelRunner {
   //         of the next norm with each row's sum of squares, which QKV,
   //         gate_up and the LM head turn into the rstd in their epilogues;
   //   else the (add_)rms_norm kernels as in EnqueueLayers;
-  //   rope  the QKV GEMV rotates q/k and writes q and the cache rows; else
+  //   rope  the QKV projection rotates q/k and writes q and the cache rows; else
   //         the QKV output and the rope kernel.
   // Either way the LM head reads the step's rows directly (one row per
   // sequence: no gather). EnqueueLayers is the reference.
@@ -1043,9 +1065,12 @@ class CudaModelRunner final : public ModelRunner {
     const float eps = static_cast<float>(c_.rms_eps);
     const bool fuse_norm = (fuse_ & CudaModelRunnerOptions::kDecodeFuseNorm) != 0;
     const bool fuse_rope = (fuse_ & CudaModelRunnerOptions::kDecodeFuseRope) != 0;
-    auto gemv = [&](const void* x, const void* w, int64_t N, int64_t K, void* y, const cuda::GemvFusion& f,
-                    const char* what) {
-      return CudaToAbsl(cuda::LaunchGemvFused(dt_, T, N, K, x, w, y, f, stream_), what);
+    auto gemv = [&](ModelKernel k, const void* x, const void* w, int64_t N, int64_t K, void* y,
+                    const cuda::GemvFusion& f, const char* what) {
+      return CudaToAbsl(DecodeProjection(k, T) == DecodePath::kGemv
+                            ? cuda::LaunchGemvFused(dt_, T, N, K, x, w, y, f, stream_)
+                            : cuda::LaunchSkinnyGemmFused(dt_, T, N, K, x, w, y, f, stream_),
+                        what);
     };
     int cur = 0;
     const bool mega = mega_ && T == 1;
@@ -1054,8 +1079,8 @@ class CudaModelRunner final : public ModelRunner {
     // from the norm kernel, normalised already).
     const bool norm_epi =
         (fuse_ & CudaModelRunnerOptions::kDecodeNormEpilogue) != 0 && !fuse_norm && !mega && group_ == nullptr;
-    unsigned long long* sq_attn = sq_.as<unsigned long long>() + cuda::kGemvMaxM;  // down -> QKV, LM head
-    unsigned long long* sq_mlp = sq_.as<unsigned long long>();                     // o_proj -> gate_up
+    unsigned long long* sq_attn = sq_.as<unsigned long long>() + kNormSumsRows;  // down -> QKV, LM head
+    unsigned long long* sq_mlp = sq_.as<unsigned long long>();                   // o_proj -> gate_up
     if (norm_epi) {  // each producer adds into zeros; the step starts from zeros whatever ran before
       if (absl::Status status = Cuda(cudaMemsetAsync(sq_.get(), 0, kNormSumsBytes, stream_), "norm sums clear");
           !status.ok())
@@ -1098,10 +1123,12 @@ class CudaModelRunner final : public ModelRunner {
         qkv.rope.Hq = static_cast<int>(c_.q_heads);
         qkv.rope.Hkv = static_cast<int>(c_.kv_heads);
         qkv.rope.D = static_cast<int>(c_.head_dim);
-        if (absl::Status status = gemv(qkv_in, L.wqkv.get(), qkvd, D, nullptr, qkv, "qkv+rope"); !status.ok())
+        if (absl::Status status = gemv(ModelKernel::kQkv, qkv_in, L.wqkv.get(), qkvd, D, nullptr, qkv, "qkv+rope");
+            !status.ok())
           return status;
       } else {
-        if (absl::Status status = gemv(qkv_in, L.wqkv.get(), qkvd, D, qkv_.get(), qkv, "qkv"); !status.ok())
+        if (absl::Status status = gemv(ModelKernel::kQkv, qkv_in, L.wqkv.get(), qkvd, D, qkv_.get(), qkv, "qkv");
+            !status.ok())
           return status;
         if (absl::Status status = RopeKvWrite(st, l, /*dense_kv=*/false); !status.ok()) return status;
       }
@@ -1111,6 +1138,7 @@ class CudaModelRunner final : public ModelRunner {
         const void* in = half == 0 ? ao_.get() : act_.get();
         const void* w = half == 0 ? L.wo.get() : L.down.get();
         const int64_t K = half == 0 ? qd : I;
+        const ModelKernel k = half == 0 ? ModelKernel::kOProj : ModelKernel::kDown;
         const void* next_w = half == 0           ? L.mlp_norm.get()
                              : l + 1 < c_.layers ? layers_[l + 1].attn_norm.get()
                                                  : final_norm_.get();
@@ -1123,10 +1151,11 @@ class CudaModelRunner final : public ModelRunner {
             r.sq_out = half == 0 ? sq_mlp : sq_attn;
             r.sq_clear = half == 0 ? sq_attn : sq_mlp;  // read by this layer's QKV / gate_up, done
           }
-          if (absl::Status status = gemv(in, w, D, K, x_[1 - cur].get(), r, "o_proj/down"); !status.ok()) return status;
+          if (absl::Status status = gemv(k, in, w, D, K, x_[1 - cur].get(), r, "o_proj/down"); !status.ok())
+            return status;
         } else {
           void* sums = PartialSums(T, half);
-          if (absl::Status status = gemv(in, w, D, K, sums, cuda::GemvFusion{}, "o_proj/down"); !status.ok())
+          if (absl::Status status = gemv(k, in, w, D, K, sums, cuda::GemvFusion{}, "o_proj/down"); !status.ok())
             return status;
           if (absl::Status status = AllReduceAddNorm(half, sums, T, x_[cur].get(), next_w, h_.get(), x_[1 - cur].get());
               !status.ok())
@@ -1140,7 +1169,10 @@ class CudaModelRunner final : public ModelRunner {
         if (norm_epi) g.sq_in = sq_mlp;
         g.eps = eps;
         if (absl::Status status = CudaToAbsl(
-                cuda::LaunchGemvSwigluFused(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), g, stream_), "gate_up");
+                DecodeProjection(ModelKernel::kSwiglu, T) == DecodePath::kGemv
+                    ? cuda::LaunchGemvSwigluFused(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), g, stream_)
+                    : cuda::LaunchSkinnySwigluFused(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), g, stream_),
+                "gate_up");
             !status.ok())
           return status;
       }
@@ -1148,6 +1180,17 @@ class CudaModelRunner final : public ModelRunner {
     if (group_ != nullptr) {
       if (shard_.rank != 0 && !vocab_parallel_) return absl::OkStatus();
       return EnqueueLmHead(st, h_.get());  // h holds final_norm(x), one row a sequence
+    }
+    if (!DecodeFusable(ModelKernel::kLmHead, T, c_.vocab, D)) {
+      // The LM head on another path: the final norm as a kernel (with the
+      // norm epilogues h_ holds x * weight, not yet scaled by the rstd).
+      if (norm_epi || fuse_norm) {
+        if (absl::Status status =
+                Norm(cuda::NormKind::kRms, x_[cur].get(), nullptr, final_norm_.get(), T, h_.get(), nullptr);
+            !status.ok())
+          return status;
+      }
+      return EnqueueLmHead(st, h_.get());
     }
     cuda::GemvFusion head;
     if (fuse_norm) {
@@ -1157,8 +1200,8 @@ class CudaModelRunner final : public ModelRunner {
       head.sq_in = sq_attn;
       head.eps = eps;
     }
-    if (absl::Status status =
-            gemv(fuse_norm ? x_[cur].get() : h_.get(), lm_head_, c_.vocab, D, logits_.get(), head, "lm_head");
+    if (absl::Status status = gemv(ModelKernel::kLmHead, fuse_norm ? x_[cur].get() : h_.get(), lm_head_, c_.vocab, D,
+                                   logits_.get(), head, "lm_head");
         !status.ok())
       return status;
     return CudaToAbsl(
@@ -1286,6 +1329,9 @@ class CudaModelRunner final : public ModelRunner {
       p.block_tables = Idx(ix_.block_tables);
       p.bt_stride_ptr = Idx(ix_.bt_width);
       p.block_size = static_cast<int>(block_size_);
+      // One row a sequence, no flash pass: each row's key ctx - 1 is the only
+      // one this step wrote (RopeKvWrite / the QKV epilogue just before).
+      p.only_last_key_new = !st.use_flash && st.T == st.B && st.R == st.T;
     }
     return CudaToAbsl(cuda::LaunchPagedAttention(p, st.splits, ws_.get(), stream_), "paged attention");
   }
@@ -1464,9 +1510,10 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer x_[2], h_, tmp_, qkv_, q_, k_, v_, ao_, gu_, act_, last_, logits_, ws_;
   PinnedBuffer hlogits_;
   DeviceBuffer greedy_, argmax_ws_;
-  // The norm sums (GemvFusion::sq_out) o_proj and down pass to the next GEMV:
-  // o_proj's [kGemvMaxM] rows, then down's.
-  static constexpr size_t kNormSumsBytes = 2 * cuda::kGemvMaxM * sizeof(unsigned long long);
+  // The norm sums (GemvFusion::sq_out) o_proj and down pass to the next
+  // projection: o_proj's [kNormSumsRows] rows, then down's.
+  static constexpr int64_t kNormSumsRows = std::max(cuda::kGemvMaxM, cuda::kSkinnyNarrowMaxM);
+  static constexpr size_t kNormSumsBytes = 2 * kNormSumsRows * sizeof(unsigned long long);
   DeviceBuffer sq_;
   PinnedBuffer hgreedy_;
   StepIndex ix_;         // the current step's layout

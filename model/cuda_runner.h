@@ -32,7 +32,7 @@ struct CudaModelRunnerOptions {
   // times kernels alone). Off: the tuned graph, as a test forcing configs wants.
   bool compare_decode_graphs = true;
   // Fusions of pure-decode steps whose projections run the GEMV (the
-  // built-in rule: one row), a bit mask (kernels/cuda/gemv.h):
+  // built-in rule: one row), a bit mask (kernels/cuda/gemv.h, skinny_gemm.h):
   //   kDecodeFuseRope  rope + paged KV-cache write in the QKV GEMV's epilogue;
   //   kDecodeFuseNorm  the RMS norms folded into the GEMVs that consume them
   //                    (QKV, gate_up, LM head: each recomputes the sum of
@@ -52,16 +52,22 @@ struct CudaModelRunnerOptions {
   //                    next QKV, the LM head) scales its sums by the rstd in
   //                    its epilogue, its weight stream unchanged
   //                    (GemvFusion::norm_next, sq_in). Only the first layer's
-  //                    norm kernel is left.
+  //                    norm kernel is left;
+  //   kDecodeSkinny    steps of 2-32 rows whose projections run the narrow
+  //                    skinny GEMM (skinny_gemm.h: the built-in rule there)
+  //                    take the fused layers too, with the rope and norm
+  //                    epilogues on that kernel.
   // 0, or FUSEDSERVE_DECODE_FUSION=<mask> in the environment (which wins):
-  // the unfused kernels, the reference. Default: rope + norm epilogues.
+  // the unfused kernels, the reference. Default: rope + norm epilogues, also
+  // on the skinny GEMM.
   // Measured on the H100, 1B model at B=1, context 128
   // (bench/notes/decode_fusion.md): rope 1.152-1.165 ms, rope + norm
   // epilogues 1.121-1.137 in the same call; earlier, none 1.245, norm folded
   // 1.239, rope + norm folded 1.293 (the folded SwiGLU GEMV ran ~3 us slower
   // a layer). Every mask is tested.
-  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2, kDecodeMegakernel = 4, kDecodeNormEpilogue = 8;
-  int decode_fusion = kDecodeFuseRope | kDecodeNormEpilogue;
+  static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2, kDecodeMegakernel = 4, kDecodeNormEpilogue = 8,
+                       kDecodeSkinny = 16;
+  int decode_fusion = kDecodeFuseRope | kDecodeNormEpilogue | kDecodeSkinny;
   // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
   // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is
   // looked up once per token bucket: when the KV cache is created for the

@@ -149,11 +149,7 @@ struct GemvParams {
   const unsigned long long* sq_in;  // a producer's sq_out: the sums scaled by rsqrt(sum / K + eps)
 };
 
-// The norm sums pass between GEMVs as 64-bit fixed point (2^-24): integer
-// adds in any order give the same bits, so the atomics stay deterministic,
-// and one load per row is all a consumer reads. Range: sums of y^2 up to
-// 2^40 (an RMS of 16,000 at 4096 columns).
-constexpr float kSumScale = 16777216.0f;
+constexpr float kSumScale = kNormSumScale;
 
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
 

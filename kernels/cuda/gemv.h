@@ -63,6 +63,12 @@ struct GemvRopeKv {
   void* v_cache = nullptr;             // [slots, Hkv, D]
   int Hq = 0, Hkv = 0, D = 0;
 };
+// The norm sums pass between producer and consumer as 64-bit fixed point
+// (2^-24): integer adds in any order give the same bits, so the atomics stay
+// deterministic, and one load per row is all a consumer reads. Range: sums
+// of y^2 up to 2^40 (an RMS of 16,000 at 4096 columns). The skinny GEMM
+// (skinny_gemm.h) takes the same fusions except a folded norm.
+constexpr float kNormSumScale = 16777216.0f;
 // What LaunchGemvFused does around y = x . w^T (all optional):
 //   norm_weight  x is RMS-normalised first: y = rstd * ((x * norm_weight) . w^T),
 //                rstd = rsqrt(mean(x^2) + eps) per row, its sum of squares

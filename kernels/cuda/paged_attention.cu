@@ -179,17 +179,17 @@ struct SplitWorkspace {
   unsigned* done;
 };
 
-// Query row r's token, its split's keys [kbeg, kend) (each row cuts its own
+// Query row r's token, its context, its split's keys [kbeg, kend) (each row cuts its own
 // context in `splits` equal parts) and its sequence's block-table row.
 struct SplitKeys {
-  int tok, kbeg, kend;
+  int tok, ctx, kbeg, kend;
   const int32_t* bt;
 };
 __device__ __forceinline__ SplitKeys SplitKeysOf(const PagedAttentionParams& p, int r, int split, int splits) {
   const int seq = p.row_seq[r], ctx = p.ctx_lens[r];
   const int part = (ctx + splits - 1) / splits;
   const int kbeg = split * part;
-  return {p.rows[r], kbeg, min(ctx, kbeg + part),
+  return {p.rows[r], ctx, kbeg, min(ctx, kbeg + part),
           p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride)};
 }
 
@@ -278,10 +278,10 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
   constexpr int kStep = kGroups * kU;         // keys per CTA iteration
   __shared__ float sm_acc[kGroups][kG][D];
   __shared__ float2 sm_ml[kGroups][kG];
-  PdlEnter();
   const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int G = p.Hq / p.Hkv;
-  const SplitKeys sk = SplitKeysOf(p, r, split, splits);
+  const SplitKeys sk = SplitKeysOf(p, r, split, splits);  // uploaded before the step: read before the wait
+  PdlEnter();
   const int tok = sk.tok, kbeg = sk.kbeg, kend = sk.kend;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, d0 = lane * 8;
   const int bs = p.block_size;
@@ -446,16 +446,48 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D>::kMinBlocks)
   static_assert(kG <= 8, "query heads are the A rows 0-7 (rows 8-15 stay zero)");
   __shared__ float sm_acc[kWarps][kG][D];
   __shared__ float2 sm_ml[kWarps][kG];
-  PdlEnter();
   const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int G = p.Hq / p.Hkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const SplitKeys sk = SplitKeysOf(p, r, split, splits);
+  const SplitKeys sk = SplitKeysOf(p, r, split, splits);  // uploaded before the step: read before the wait
   const int tok = sk.tok, kbeg = sk.kbeg, kend = sk.kend;
   const int bs = p.block_size;
   const int32_t* bt = sk.bt;
   const T* Kc = static_cast<const T*>(p.k_cache);
   const T* Vc = static_cast<const T*>(p.v_cache);
+
+  // This lane's keys of the iteration at jb, those in [lo, hi), into kr/vr
+  // (the others are left as they are).
+  uint4 kr[kTiles][kSegs], vr[kTiles][kSegs];
+  auto load_keys = [&](int jb, int lo, int hi) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const int j = jb + 8 * i + g;  // the key this lane loads for tile i
+      if (j >= lo && j < hi) {
+        const int64_t slot = static_cast<int64_t>(bt[j / bs]) * bs + j % bs;
+        const int64_t off = (slot * p.Hkv + hk) * D + 8 * t;
+#pragma unroll
+        for (int s = 0; s < kSegs; ++s) {
+          kr[i][s] = __ldg(reinterpret_cast<const uint4*>(Kc + off + 32 * s));
+          vr[i][s] = __ldg(reinterpret_cast<const uint4*>(Vc + off + 32 * s));
+        }
+      }
+    }
+  };
+  auto clear_keys = [&] {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+      for (int s = 0; s < kSegs; ++s) kr[i][s] = vr[i][s] = make_uint4(0u, 0u, 0u, 0u);
+  };
+  // The first iteration's keys that earlier steps wrote go out before the
+  // wait (only_last_key_new: all but ctx - 1); the rest after it.
+  const int jb0 = kbeg + warp * kKeys;
+  const int early_end = p.only_last_key_new ? min(kend, sk.ctx - 1) : kbeg;
+  clear_keys();
+  load_keys(jb0, kbeg, early_end);
+  PdlEnter();
+  load_keys(jb0, early_end, kend);
 
   // Q as A fragments (rows g < G real, rows 8-15 zero: a[1] = a[3] = 0).
   uint32_t qa[2 * kSegs][2];
@@ -475,23 +507,10 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D>::kMinBlocks)
   float m = -INFINITY, l = 0.0f;          // of head g, over this lane's columns (m: the row's)
   float acc[S::kBlocks][4] = {};
 
-  for (int jb = kbeg + warp * kKeys; jb < kend; jb += kWarps * kKeys) {
-    uint4 kr[kTiles][kSegs], vr[kTiles][kSegs];
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      const int j = jb + 8 * i + g;  // the key this lane loads for tile i
-      if (j < kend) {
-        const int64_t slot = static_cast<int64_t>(bt[j / bs]) * bs + j % bs;
-        const int64_t off = (slot * p.Hkv + hk) * D + 8 * t;
-#pragma unroll
-        for (int s = 0; s < kSegs; ++s) {
-          kr[i][s] = __ldg(reinterpret_cast<const uint4*>(Kc + off + 32 * s));
-          vr[i][s] = __ldg(reinterpret_cast<const uint4*>(Vc + off + 32 * s));
-        }
-      } else {
-#pragma unroll
-        for (int s = 0; s < kSegs; ++s) kr[i][s] = vr[i][s] = make_uint4(0u, 0u, 0u, 0u);
-      }
+  for (int jb = jb0; jb < kend; jb += kWarps * kKeys) {
+    if (jb != jb0) {
+      clear_keys();
+      load_keys(jb, kbeg, kend);
     }
     // S tiles: c[0], c[1] = head g, keys jb + 8i + 2t, + 1 (c[2], c[3]: rows 8-15).
     float sc[kTiles][4];
@@ -675,21 +694,27 @@ CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void*
   }
   if (splits < 1 || splits > kPagedMaxSplits) return CudaStatus::Error("paged attention: bad split count");
   if (splits > 1 && workspace == nullptr) return CudaStatus::Error("paged attention: splits > 1 needs a workspace");
+  static const bool early_kv = [] {
+    const char* e = std::getenv("FUSEDSERVE_PAGED_EARLY_KV");
+    return e == nullptr || e[0] != '0';
+  }();
+  PagedAttentionParams q = p;
+  q.only_last_key_new = p.only_last_key_new && early_kv;
   CudaStatus st = CudaStatus::Unsupported(std::string("paged attention: unsupported dtype ") + DTypeName(p.dtype));
   DispatchFloatType(p.dtype, [&](auto t) {
     using T = decltype(t);
     switch (p.D) {
       case 16:
-        st = LaunchPagedGroups<T, 16>(p, splits, workspace, stream);
+        st = LaunchPagedGroups<T, 16>(q, splits, workspace, stream);
         break;
       case 32:
-        st = LaunchPagedGroups<T, 32>(p, splits, workspace, stream);
+        st = LaunchPagedGroups<T, 32>(q, splits, workspace, stream);
         break;
       case 64:
-        st = LaunchPagedGroups<T, 64>(p, splits, workspace, stream);
+        st = LaunchPagedGroups<T, 64>(q, splits, workspace, stream);
         break;
       default:
-        st = LaunchPagedGroups<T, 128>(p, splits, workspace, stream);
+        st = LaunchPagedGroups<T, 128>(q, splits, workspace, stream);
         break;
     }
   });

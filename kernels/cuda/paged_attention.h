@@ -66,6 +66,14 @@ struct PagedAttentionParams {
   int block_size = 0;
   int R = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 0.0f;
+  // Decode: each row is its sequence's only row and its one new token, so of
+  // its keys only ctx - 1 was written by the kernels just before this one
+  // (the QKV projection's cache write); keys [0, ctx - 1) come from earlier
+  // steps. The tensor-core kernel then loads its first keys of those before
+  // the programmatic-launch wait, under the QKV projection's tail. (The row
+  // metadata and block tables, uploaded before the step, are always read
+  // before the wait.) FUSEDSERVE_PAGED_EARLY_KV=0 turns it off.
+  bool only_last_key_new = false;
   // Where both can run (bf16/fp16, head dim 64 or 128): -1 the default
   // (FUSEDSERVE_PAGED_MMA=0/1, else tensor cores), 0 the CUDA-core kernel,
   // 1 the tensor-core kernel. Other shapes always take the CUDA-core kernel.

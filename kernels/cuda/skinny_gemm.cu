@@ -31,6 +31,16 @@ struct SkinnyParams {
   void* y;        // [M,N]
   int64_t M, N, K;
   bool prefetch;  // first weight chunks before the PDL wait (FUSEDSERVE_SKINNY_PREFETCH=0: after)
+  // The decode epilogues (GemvFusion's meaning; all null: none).
+  const void* residual;   // [M,N]: y = x . w^T + residual
+  const void* norm_next;  // [N] (with residual): norm_out = y * norm_next, sq_out += rows' sums of y^2
+  void* norm_out;         // [M,N]
+  unsigned long long* sq_out;
+  unsigned long long* sq_clear;     // [M] zeroed by block 0
+  const unsigned long long* sq_in;  // a producer's sums: the products scaled by rsqrt(sum / K + eps)
+  float eps;
+  bool rope_kv;     // the QKV epilogue (y unused): rope, q and the paged cache rows
+  GemvRopeKv rope;  // its operands (q/k head rows interleaved, as for the GEMV)
 };
 
 bool SkinnyPrefetch() {
@@ -43,6 +53,37 @@ bool SkinnyPrefetch() {
 
 __device__ __forceinline__ uint4 LoadWeights(const uint4* p) { return __ldcs(p); }  // read once: stream past L1/L2
 
+// The QKV epilogue of one accumulator: value v of output feature f (row f
+// of wqkv, whose q/k head rows are interleaved: rows 2i, 2i + 1 = a head's
+// elements i, i + D/2) for token tok. The rotation partner, feature f ^ 1,
+// sits in lane ^ 4 (g ^ 1); every lane of the warp must call this.
+template <typename T>
+__device__ __forceinline__ void RopeEpilogue(const GemvRopeKv& rp, float v, bool valid, int g, int64_t f, int pos,
+                                             int slot, int64_t tok) {
+  const float partner = __shfl_xor_sync(0xffffffffu, v, 4);
+  if (!valid) return;
+  const int D = rp.D, half = D / 2;
+  const int h = static_cast<int>(f / D), e = static_cast<int>(f - static_cast<int64_t>(h) * D);
+  if (h < rp.Hq + rp.Hkv) {
+    const int i = e / 2;
+    const float2 cs = rp.cos_sin[static_cast<int64_t>(pos) * half + i];
+    const bool first = (g & 1) == 0;  // element i (else i + D/2)
+    const T out = FromFloat<T>(first ? v * cs.x - partner * cs.y : v * cs.x + partner * cs.y);
+    const int at = first ? i : i + half;
+    if (h < rp.Hq) {
+      static_cast<T*>(rp.q)[(tok * rp.Hq + h) * D + at] = out;
+    } else {
+      if (rp.k != nullptr) static_cast<T*>(rp.k)[(tok * rp.Hkv + h - rp.Hq) * D + at] = out;
+      if (slot >= 0) static_cast<T*>(rp.k_cache)[(static_cast<int64_t>(slot) * rp.Hkv + h - rp.Hq) * D + at] = out;
+    }
+  } else {  // v heads in the plain order
+    const int vh = h - rp.Hq - rp.Hkv;
+    const T out = FromFloat<T>(v);
+    if (rp.v != nullptr) static_cast<T*>(rp.v)[(tok * rp.Hkv + vh) * D + e] = out;
+    if (slot >= 0) static_cast<T*>(rp.v_cache)[(static_cast<int64_t>(slot) * rp.Hkv + vh) * D + e] = out;
+  }
+}
+
 // kNT tiles of 8 tokens (M <= 8 kNT); each warp keeps kC chunks of 32 in
 // flight (fewer with more token tiles or the second SwiGLU matrix, so the
 // kernel stays within 128 registers: two blocks per SM).
@@ -50,7 +91,15 @@ template <typename T, int kNT, bool kSwiglu>
 __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams p, int split) {
   constexpr int kC = (kSwiglu ? 4 : 8) / kNT;
   constexpr int kAcc = kSwiglu ? 2 : 1;  // gate and up
+  constexpr int kTok = kNT * 8;
   __shared__ float partial[kWarps][kAcc][kNT][4][32];
+  // Epilogue operands, staged while the weights stream: the rows' rstd
+  // (sq_in), positions and cache slots (rope), and the block's residual and
+  // next-norm columns (cp.async).
+  __shared__ float rstd_s[kTok];
+  __shared__ int pos_s[kTok], slot_s[kTok];  // rope: each token's position and cache slot (-1: none)
+  __shared__ alignas(16) T res_s[kTok][kWarps * 16];
+  __shared__ alignas(16) T gnext_s[kWarps * 16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int slice = warp % split;
@@ -100,8 +149,33 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams 
   // kernel's tail); only x waits.
   const int64_t c_first = static_cast<int64_t>(slice) * kC;
   if (live && p.prefetch) load_weights(c_first);
+  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kWarps / split) * 16;  // the block's first column
+  const int cols = static_cast<int>(min(static_cast<int64_t>(kWarps / split) * 16, p.N - f0));
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  const bool epilogue = p.sq_in != nullptr || p.residual != nullptr || p.rope_kv;
+  if (epilogue) {
+    if (p.sq_in != nullptr && threadIdx.x < p.M)
+      rstd_s[threadIdx.x] =
+          rsqrtf(static_cast<float>(__ldcg(p.sq_in + threadIdx.x)) / kNormSumScale / static_cast<float>(p.K) + p.eps);
+    if (p.rope_kv && threadIdx.x < p.M) {
+      pos_s[threadIdx.x] = p.rope.positions[threadIdx.x];
+      slot_s[threadIdx.x] = p.rope.slots != nullptr ? p.rope.slots[threadIdx.x] : -1;
+    }
+    // 16-byte pieces (8 columns) of the block's residual rows and norm weight.
+    const int pieces = cols / 8;
+    if (p.residual != nullptr) {
+      const T* res = static_cast<const T*>(p.residual);
+      for (int i = threadIdx.x; i < p.M * pieces; i += kWarps * 32) {
+        const int m = i / pieces, c = (i % pieces) * 8;
+        CpAsync16(&res_s[m][c], res + m * p.N + f0 + c, true);
+      }
+    }
+    if (p.norm_next != nullptr)
+      for (int i = threadIdx.x; i < pieces; i += kWarps * 32)
+        CpAsync16(&gnext_s[i * 8], static_cast<const T*>(p.norm_next) + f0 + i * 8, true);
+    CpAsyncCommit();
+  }
   if (live) {
     for (int64_t c0 = c_first; c0 < chunks; c0 += static_cast<int64_t>(split) * kC) {
       uint4 xb[kC][kNT];
@@ -136,7 +210,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams 
       }
     }
   }
-  if (split > 1) {
+  if (epilogue) CpAsyncWaitAll();
+  if (split > 1 || epilogue) {
     // Slices 1.. hand their tiles to slice 0 of the group through shared memory.
     if (slice != 0) {
 #pragma unroll
@@ -157,20 +232,57 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams 
           for (int j = 0; j < 4; ++j) acc[a][n][j] += partial[warp + s][a][n][j][lane];
     }
   }
+  if (blockIdx.x == 0 && p.sq_clear != nullptr && threadIdx.x < p.M) p.sq_clear[threadIdx.x] = 0;
   if (!live) return;
   // Accumulator j of tile n: feature tile*16 + g (+8 for j >= 2), token n*8 + 2t (+1 for odd j).
   T* y = static_cast<T*>(p.y);
+  float sumsq[kNT][2] = {};  // norm epilogue: this lane's tokens n*8 + 2t + e, over its two columns
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t tok = n * 8 + 2 * t + (j & 1);
       const int64_t f = tile * 16 + g + (j >= 2 ? 8 : 0);
+      if constexpr (!kSwiglu) {
+        if (p.rope_kv) {  // every lane takes part in the shuffle
+          const bool valid = tok < p.M;
+          RopeEpilogue<T>(p.rope, acc[0][n][j] * (p.sq_in != nullptr && valid ? rstd_s[tok] : 1.0f), valid, g, f,
+                          valid ? pos_s[tok] : 0, valid ? slot_s[tok] : -1, tok);
+          continue;
+        }
+      }
       if (tok >= p.M) continue;
-      float v = acc[0][n][j];
-      if constexpr (kSwiglu) v = v / (1.0f + __expf(-v)) * acc[1][n][j];
-      y[tok * p.N + f] = FromFloat<T>(v);
+      const float r = p.sq_in != nullptr ? rstd_s[tok] : 1.0f;
+      float v = acc[0][n][j] * r;
+      if constexpr (kSwiglu) {
+        v = v / (1.0f + __expf(-v)) * (acc[1][n][j] * r);
+      } else if (p.residual != nullptr) {
+        v += ToFloat(res_s[tok][f - f0]);
+      }
+      const T out = FromFloat<T>(v);
+      y[tok * p.N + f] = out;
+      if (p.norm_out != nullptr) {  // the norm of the values as stored
+        const float stored = ToFloat(out);
+        static_cast<T*>(p.norm_out)[tok * p.N + f] = FromFloat<T>(stored * ToFloat(gnext_s[f - f0]));
+        sumsq[n][j & 1] += stored * stored;
+      }
     }
+  }
+  if (p.sq_out != nullptr) {
+    // Over the warp's 16 columns (lanes of equal t), then one fixed-point add
+    // per token and warp: integer adds, so the order does not matter.
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = sumsq[n][e];
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        const int tok = n * 8 + 2 * t + e;
+        if (g == 0 && tok < p.M)
+          atomicAdd(p.sq_out + tok, static_cast<unsigned long long>(__float2ull_rn(v * kNormSumScale)));
+      }
   }
 }
 
@@ -190,6 +302,19 @@ CudaStatus LaunchTyped(const SkinnyParams& p, cudaStream_t stream) {
   const int64_t blocks = (tiles + per_block - 1) / per_block;
   if (blocks > 0x7fffffff) return CudaStatus::Error("skinny GEMM: N too large");
   return cuda::LaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kWarps * 32), 0, stream, 1, p, split);
+}
+
+// The plain product's parameters (no epilogue).
+SkinnyParams PlainParams(const void* x, const void* w, void* y, int64_t M, int64_t N, int64_t K) {
+  SkinnyParams p{};
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.prefetch = SkinnyPrefetch();
+  return p;
 }
 
 template <bool kSwiglu>
@@ -232,7 +357,7 @@ CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const 
   if (M > kSkinnyNarrowMaxM || (hopper && SkinnyHopperAvailable())) {
     return LaunchSkinnyHopper(dtype, M, N, K, x, w, y, stream);
   }
-  return LaunchDtype<false>(dtype, SkinnyParams{x, w, y, M, N, K, SkinnyPrefetch()}, stream);
+  return LaunchDtype<false>(dtype, PlainParams(x, w, y, M, N, K), stream);
 }
 
 CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
@@ -241,7 +366,55 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
     return CudaStatus::Unsupported("skinny SwiGLU: unsupported problem");
   }
   if (M > kSkinnyNarrowMaxM) return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream);
-  return LaunchDtype<true>(dtype, SkinnyParams{x, gate_up, h, M, I, D, SkinnyPrefetch()}, stream);
+  return LaunchSkinnySwigluFused(dtype, M, D, I, x, gate_up, h, GemvFusion{}, stream);
+}
+
+CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                                 const GemvFusion& f, cudaStream_t stream) {
+  if (!SkinnyGemmSupported(dtype, M, N, K, x, w) || M > kSkinnyNarrowMaxM)
+    return CudaStatus::Unsupported("fused skinny GEMM: unsupported problem");
+  if (f.norm_weight != nullptr) return CudaStatus::Unsupported("fused skinny GEMM: no folded norm");
+  if ((f.norm_out != nullptr) != (f.norm_next != nullptr) || (f.norm_out != nullptr) != (f.sq_out != nullptr) ||
+      (f.sq_out != nullptr) != (f.sq_clear != nullptr))
+    return CudaStatus::Error("fused skinny GEMM: norm_next, norm_out, sq_out and sq_clear go together");
+  if (f.norm_out != nullptr && f.residual == nullptr)
+    return CudaStatus::Unsupported("fused skinny GEMM: the next norm's epilogue needs the residual add");
+  if (!Aligned16(f.residual) || !Aligned16(f.norm_next))
+    return CudaStatus::Unsupported("fused skinny GEMM: residual or norm weight not 16-byte aligned");
+  if (f.rope_kv) {
+    const GemvRopeKv& r = f.rope;
+    if (f.residual != nullptr) return CudaStatus::Unsupported("fused skinny GEMM: rope epilogue with a residual");
+    if (r.D <= 0 || r.D % 16 != 0 || r.Hq <= 0 || r.Hkv <= 0 || N != static_cast<int64_t>(r.Hq + 2 * r.Hkv) * r.D)
+      return CudaStatus::Unsupported("fused skinny GEMM: rope epilogue shape");
+    if (r.positions == nullptr || r.cos_sin == nullptr || r.q == nullptr ||
+        (r.slots != nullptr && (r.k_cache == nullptr || r.v_cache == nullptr)))
+      return CudaStatus::Error("fused skinny GEMM: rope epilogue tensor missing");
+  } else if (y == nullptr) {
+    return CudaStatus::Error("fused skinny GEMM: no output");
+  }
+  SkinnyParams p = PlainParams(x, w, y, M, N, K);
+  p.residual = f.residual;
+  p.norm_next = f.norm_next;
+  p.norm_out = f.norm_out;
+  p.sq_out = f.sq_out;
+  p.sq_clear = f.sq_clear;
+  p.sq_in = f.sq_in;
+  p.eps = f.eps;
+  p.rope_kv = f.rope_kv;
+  p.rope = f.rope;
+  return LaunchDtype<false>(dtype, p, stream);
+}
+
+CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                                   void* h, const GemvFusion& f, cudaStream_t stream) {
+  if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up) || M > kSkinnyNarrowMaxM)
+    return CudaStatus::Unsupported("fused skinny SwiGLU: unsupported problem");
+  if (f.residual != nullptr || f.rope_kv || f.norm_out != nullptr || f.norm_weight != nullptr)
+    return CudaStatus::Unsupported("fused skinny SwiGLU: only a producer's sums");
+  SkinnyParams p = PlainParams(x, gate_up, h, M, I, D);
+  p.sq_in = f.sq_in;
+  p.eps = f.eps;
+  return LaunchDtype<true>(dtype, p, stream);
 }
 
 }  // namespace fusedserve::cuda

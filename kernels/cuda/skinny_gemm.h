@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/dtype.h"
 
 namespace fusedserve::cuda {
@@ -54,5 +55,16 @@ CudaStatus LaunchSkinnyGemm(DType dtype, int64_t M, int64_t N, int64_t K, const 
 //   x [M,D]; gate_up [2I,D]; h [M,I]   (SkinnyGemmSupported(dtype, M, I, D, ...))
 CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                               cudaStream_t stream);
+
+// The decode step's fusions (gemv.h's GemvFusion: residual, norm_next /
+// norm_out / sq_out / sq_clear, sq_in, rope_kv with head dims a multiple of
+// 16; not a folded norm_weight) on this file's kernel, M <= kSkinnyNarrowMaxM:
+// the same epilogues as the GEMV, so a step of 2 to 32 rows also drops the
+// norm and rope kernels between projections.
+CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                                 const GemvFusion& f, cudaStream_t stream);
+// LaunchSkinnySwiglu with a producer's sums (f.sq_in, f.eps); f's other fields unset.
+CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
+                                   void* h, const GemvFusion& f, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

@@ -1,7 +1,8 @@
 // The decode fusions of the GEMV (kernels/cuda/gemv.h: LaunchGemvFused,
 // LaunchGemvSwigluFused) against host references in double: the RMS norm
 // folded into the GEMV, the residual epilogue, the SwiGLU gate on the normed
-// x, and the QKV epilogue with rope and the paged KV-cache write. bf16 and
+// x, and the QKV epilogue with rope and the paged KV-cache write (and the
+// norm epilogues on the narrow skinny GEMM, skinny_gemm.h). bf16 and
 // fp16, one row and several (the kernel's M tiles 1, 2, 4, 8), fresh random
 // inputs per case, outputs poisoned (NaN) before each launch. Skips without a GPU.
 #include <cuda_runtime.h>
@@ -12,9 +13,11 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "kernels/dtype.h"
 #include "tests/gpu/rel_error.h"
 
@@ -190,154 +193,191 @@ TEST_P(GemvFusedTest, SwigluNorm) {
 TEST_P(GemvFusedTest, NormThroughEpilogues) {
   const DType dt = GetParam();
   std::mt19937 rng(15);
-  unsigned long long* dsq = nullptr;  // [0, 8): the producer's sums, [8, 16): the ones it clears
-  ASSERT_EQ(cudaMalloc(&dsq, 16 * sizeof(unsigned long long)), cudaSuccess);
-  for (int64_t M : {1, 3, 8}) {
-    const int64_t K = 1536, D = 2048, N = 1001, I = 1536;
-    Host x(dt, M * K, rng, 1.0f), w(dt, D * K, rng, 0.05f), r(dt, M * D, rng, 2.0f), g(dt, D, rng, 1.0f);
-    Host w2(dt, N * D, rng, 0.05f), gu(dt, 2 * I * D, rng, 0.05f);
-    Dev dx(x.bits), dw(w.bits), dr(r.bits), dg(g.bits), dw2(w2.bits), dgu(gu.bits);
-    Dev dy(M * D), dz(M * D), dout(M * N), dout2(M * N), dh(M * I);
-    ASSERT_EQ(cudaMemset(dsq, 0, 8 * sizeof(unsigned long long)), cudaSuccess);
-    ASSERT_EQ(cudaMemset(dsq + 8, 0xff, 8 * sizeof(unsigned long long)), cudaSuccess);
-    cuda::GemvFusion prod;
-    prod.residual = dr.p;
-    prod.norm_next = dg.p;
-    prod.norm_out = dz.p;
-    prod.sq_out = dsq;
-    prod.sq_clear = dsq + 8;
-    ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, D, K, dx.p, dw.p, dy.p, prod, nullptr).ok());
-    cuda::GemvFusion cons;
-    cons.sq_in = dsq;
-    cons.eps = 1e-5f;
-    ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, D, dz.p, dw2.p, dout.p, cons, nullptr).ok());
-    ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, D, dz.p, dw2.p, dout2.p, cons, nullptr).ok());
-    ASSERT_TRUE(cuda::LaunchGemvSwigluFused(dt, M, D, I, dz.p, dgu.p, dh.p, cons, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    // The producer's y as stored, then the references from it.
-    const std::vector<float> y = dy.Get(dt);
-    ASSERT_TRUE(AllFinite(y));
-    std::vector<double> xd(x.f.begin(), x.f.end());
-    std::vector<double> yref = MatVec(xd, w.f, M, D, K);
-    for (int64_t i = 0; i < M * D; ++i) yref[i] += r.f[i];
-    EXPECT_LT(RelErrorNorm(y, ToFloats(yref)), kTol) << "M " << M;
-    const std::vector<double> hn = Normed(y, g.f, M, D, 1e-5);
-    const std::vector<float> got = dout.Get(dt);
-    ASSERT_TRUE(AllFinite(got));
-    EXPECT_LT(RelErrorNorm(got, ToFloats(MatVec(hn, w2.f, M, N, D))), kTol) << "M " << M;
-    EXPECT_EQ(got, dout2.Get(dt)) << "M " << M;
-    std::vector<unsigned long long> cleared(8);
-    ASSERT_EQ(cudaMemcpy(cleared.data(), dsq + 8, 8 * sizeof(unsigned long long), cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int64_t m = 0; m < M; ++m) EXPECT_EQ(cleared[m], 0u) << "row " << m << " of sq_clear";
-    const std::vector<float> h = dh.Get(dt);
-    ASSERT_TRUE(AllFinite(h));
-    EXPECT_LT(RelErrorNorm(h, Swiglu(MatVec(hn, gu.f, M, 2 * I, D), M, I)), kTol) << "M " << M;
-  }
+  constexpr int64_t kRows = cuda::kSkinnyNarrowMaxM;
+  unsigned long long* dsq = nullptr;  // [0, kRows): the producer's sums, [kRows, 2 kRows): the ones it clears
+  ASSERT_EQ(cudaMalloc(&dsq, 2 * kRows * sizeof(unsigned long long)), cudaSuccess);
+  // The GEMV at its M tiles, the narrow skinny GEMM (skinny_gemm.h: the same
+  // fusions for 2-32 rows) at one and several 8-row token tiles, odd N tails.
+  for (bool skinny : {false, true})
+    for (int64_t M : skinny ? std::vector<int64_t>{2, 5, 16, 17, 32} : std::vector<int64_t>{1, 3, 8}) {
+      SCOPED_TRACE(std::string(skinny ? "skinny" : "GEMV") + " M " + std::to_string(M));
+      const int64_t K = 1536, D = 2048, N = skinny ? 1008 : 1001, I = 1536;
+      Host x(dt, M * K, rng, 1.0f), w(dt, D * K, rng, 0.05f), r(dt, M * D, rng, 2.0f), g(dt, D, rng, 1.0f);
+      Host w2(dt, N * D, rng, 0.05f), gu(dt, 2 * I * D, rng, 0.05f);
+      Dev dx(x.bits), dw(w.bits), dr(r.bits), dg(g.bits), dw2(w2.bits), dgu(gu.bits);
+      Dev dy(M * D), dz(M * D), dout(M * N), dout2(M * N), dh(M * I);
+      ASSERT_EQ(cudaMemset(dsq, 0, kRows * sizeof(unsigned long long)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dsq + kRows, 0xff, kRows * sizeof(unsigned long long)), cudaSuccess);
+      auto linear = [&](int64_t n, int64_t k, const void* in, const void* wt, void* out, const cuda::GemvFusion& f) {
+        return skinny ? cuda::LaunchSkinnyGemmFused(dt, M, n, k, in, wt, out, f, nullptr)
+                      : cuda::LaunchGemvFused(dt, M, n, k, in, wt, out, f, nullptr);
+      };
+      cuda::GemvFusion prod;
+      prod.residual = dr.p;
+      prod.norm_next = dg.p;
+      prod.norm_out = dz.p;
+      prod.sq_out = dsq;
+      prod.sq_clear = dsq + kRows;
+      ASSERT_TRUE(linear(D, K, dx.p, dw.p, dy.p, prod).ok());
+      cuda::GemvFusion cons;
+      cons.sq_in = dsq;
+      cons.eps = 1e-5f;
+      ASSERT_TRUE(linear(N, D, dz.p, dw2.p, dout.p, cons).ok());
+      ASSERT_TRUE(linear(N, D, dz.p, dw2.p, dout2.p, cons).ok());
+      ASSERT_TRUE((skinny ? cuda::LaunchSkinnySwigluFused(dt, M, D, I, dz.p, dgu.p, dh.p, cons, nullptr)
+                          : cuda::LaunchGemvSwigluFused(dt, M, D, I, dz.p, dgu.p, dh.p, cons, nullptr))
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      // The producer's y as stored, then the references from it.
+      const std::vector<float> y = dy.Get(dt);
+      ASSERT_TRUE(AllFinite(y));
+      std::vector<double> xd(x.f.begin(), x.f.end());
+      std::vector<double> yref = MatVec(xd, w.f, M, D, K);
+      for (int64_t i = 0; i < M * D; ++i) yref[i] += r.f[i];
+      EXPECT_LT(RelErrorNorm(y, ToFloats(yref)), kTol);
+      const std::vector<double> hn = Normed(y, g.f, M, D, 1e-5);
+      const std::vector<float> got = dout.Get(dt);
+      ASSERT_TRUE(AllFinite(got));
+      EXPECT_LT(RelErrorNorm(got, ToFloats(MatVec(hn, w2.f, M, N, D))), kTol);
+      EXPECT_EQ(got, dout2.Get(dt));
+      std::vector<unsigned long long> cleared(kRows);
+      ASSERT_EQ(cudaMemcpy(cleared.data(), dsq + kRows, kRows * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (int64_t m = 0; m < M; ++m) EXPECT_EQ(cleared[m], 0u) << "row " << m << " of sq_clear";
+      const std::vector<float> h = dh.Get(dt);
+      ASSERT_TRUE(AllFinite(h));
+      EXPECT_LT(RelErrorNorm(h, Swiglu(MatVec(hn, gu.f, M, 2 * I, D), M, I)), kTol);
+    }
   cudaFree(dsq);
 }
 
-// QKV with the norm folded in and the rope + paged cache epilogue: q (and
-// dense k/v when asked) and the cache rows of each token's slot against
-// qkv = rms_norm(x) . W^T (W in the plain order; the device gets its q/k head
-// rows interleaved) rotated with a host cos/sin table; other slots untouched.
+// QKV with the norm folded in (the GEMV) or a producer's norm sums (the
+// narrow skinny GEMM: x * weight in, sq_in) and the rope + paged cache
+// epilogue: q (and dense k/v when asked) and the cache rows of each token's
+// slot against qkv = rms_norm(x) . W^T (W in the plain order; the device gets
+// its q/k head rows interleaved) rotated with a host cos/sin table; other
+// slots untouched.
 TEST_P(GemvFusedTest, QkvRopeKvCache) {
   const DType dt = GetParam();
   std::mt19937 rng(14);
-  for (int D : {64, 128}) {
-    for (int64_t M : {1, 3, 8}) {
-      for (bool dense : {false, true}) {
-        const int Hq = 8, Hkv = 2, K = 512, half = D / 2, max_pos = 300, num_slots = 64;
-        const int64_t N = static_cast<int64_t>(Hq + 2 * Hkv) * D;
-        Host x(dt, M * K, rng, 2.0f), w(dt, N * K, rng, 0.05f), g(dt, K, rng, 1.0f);
-        // Interleave each q/k head's rows i and i + D/2.
-        std::vector<uint16_t> wi = w.bits;
-        for (int h = 0; h < Hq + Hkv; ++h) {
-          for (int i = 0; i < half; ++i) {
-            std::memcpy(&wi[(static_cast<int64_t>(h) * D + 2 * i) * K], &w.bits[(static_cast<int64_t>(h) * D + i) * K],
-                        K * 2);
-            std::memcpy(&wi[(static_cast<int64_t>(h) * D + 2 * i + 1) * K],
-                        &w.bits[(static_cast<int64_t>(h) * D + i + half) * K], K * 2);
-          }
-        }
-        std::vector<float2> cs(static_cast<size_t>(max_pos) * half);
-        for (int p = 0; p < max_pos; ++p) {
-          for (int i = 0; i < half; ++i) {
-            const double a = p * std::pow(500000.0, -2.0 * i / D);
-            cs[p * half + i] = make_float2(static_cast<float>(std::cos(a)), static_cast<float>(std::sin(a)));
-          }
-        }
-        std::vector<int32_t> pos(M), slot(M);
-        std::vector<int32_t> perm(num_slots);
-        for (int i = 0; i < num_slots; ++i) perm[i] = i;
-        std::shuffle(perm.begin(), perm.end(), rng);
-        for (int64_t m = 0; m < M; ++m) {
-          pos[m] = static_cast<int32_t>(rng() % max_pos);
-          slot[m] = perm[m];
-        }
-        Dev dx(x.bits), dw(wi), dg(g.bits), dq(M * Hq * D), dk(M * Hkv * D), dv(M * Hkv * D);
-        Dev kc(static_cast<size_t>(num_slots) * Hkv * D), vc(static_cast<size_t>(num_slots) * Hkv * D);
-        float2* dcs = nullptr;
-        int32_t *dpos = nullptr, *dslot = nullptr;
-        ASSERT_EQ(cudaMalloc(&dcs, cs.size() * sizeof(float2)), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&dpos, M * 4), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&dslot, M * 4), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(dcs, cs.data(), cs.size() * sizeof(float2), cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(dpos, pos.data(), M * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(dslot, slot.data(), M * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        cuda::GemvFusion f;
-        f.norm_weight = dg.p;
-        f.eps = 1e-5f;
-        f.rope_kv = true;
-        f.rope = {dpos, dcs, dslot, dq.p, dense ? dk.p : nullptr, dense ? dv.p : nullptr, kc.p, vc.p, Hq, Hkv, D};
-        ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, K, dx.p, dw.p, nullptr, f, nullptr).ok());
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const std::vector<double> qkv = MatVec(Normed(x.f, g.f, M, K, 1e-5), w.f, M, N, K);
-        // Reference q [M,Hq,D], k and v [M,Hkv,D].
-        std::vector<float> wq(M * Hq * D), wk(M * Hkv * D), wv(M * Hkv * D);
-        for (int64_t m = 0; m < M; ++m) {
-          for (int h = 0; h < Hq + 2 * Hkv; ++h) {
-            const double* src = &qkv[m * N + static_cast<int64_t>(h) * D];
-            float* dst = h < Hq         ? &wq[(m * Hq + h) * D]
-                         : h < Hq + Hkv ? &wk[(m * Hkv + h - Hq) * D]
-                                        : &wv[(m * Hkv + h - Hq - Hkv) * D];
+  for (bool skinny : {false, true})
+    for (int D : {64, 128}) {
+      for (int64_t M : skinny ? std::vector<int64_t>{2, 5, 16, 17, 32} : std::vector<int64_t>{1, 3, 8}) {
+        for (bool dense : {false, true}) {
+          SCOPED_TRACE(std::string(skinny ? "skinny" : "GEMV") + " D " + std::to_string(D) + " M " + std::to_string(M) +
+                       (dense ? " dense" : ""));
+          const int Hq = 8, Hkv = 2, K = 512, half = D / 2, max_pos = 300, num_slots = 64;
+          const int64_t N = static_cast<int64_t>(Hq + 2 * Hkv) * D;
+          Host x(dt, M * K, rng, 2.0f), w(dt, N * K, rng, 0.05f), g(dt, K, rng, 1.0f);
+          // Interleave each q/k head's rows i and i + D/2.
+          std::vector<uint16_t> wi = w.bits;
+          for (int h = 0; h < Hq + Hkv; ++h) {
             for (int i = 0; i < half; ++i) {
-              if (h < Hq + Hkv) {
-                const float2 c = cs[pos[m] * half + i];
-                dst[i] = static_cast<float>(src[i] * c.x - src[i + half] * c.y);
-                dst[i + half] = static_cast<float>(src[i + half] * c.x + src[i] * c.y);
-              } else {
-                dst[i] = static_cast<float>(src[i]);
-                dst[i + half] = static_cast<float>(src[i + half]);
+              std::memcpy(&wi[(static_cast<int64_t>(h) * D + 2 * i) * K],
+                          &w.bits[(static_cast<int64_t>(h) * D + i) * K], K * 2);
+              std::memcpy(&wi[(static_cast<int64_t>(h) * D + 2 * i + 1) * K],
+                          &w.bits[(static_cast<int64_t>(h) * D + i + half) * K], K * 2);
+            }
+          }
+          std::vector<float2> cs(static_cast<size_t>(max_pos) * half);
+          for (int p = 0; p < max_pos; ++p) {
+            for (int i = 0; i < half; ++i) {
+              const double a = p * std::pow(500000.0, -2.0 * i / D);
+              cs[p * half + i] = make_float2(static_cast<float>(std::cos(a)), static_cast<float>(std::sin(a)));
+            }
+          }
+          std::vector<int32_t> pos(M), slot(M);
+          std::vector<int32_t> perm(num_slots);
+          for (int i = 0; i < num_slots; ++i) perm[i] = i;
+          std::shuffle(perm.begin(), perm.end(), rng);
+          for (int64_t m = 0; m < M; ++m) {
+            pos[m] = static_cast<int32_t>(rng() % max_pos);
+            slot[m] = perm[m];
+          }
+          Dev dx(x.bits), dw(wi), dg(g.bits), dq(M * Hq * D), dk(M * Hkv * D), dv(M * Hkv * D);
+          Dev kc(static_cast<size_t>(num_slots) * Hkv * D), vc(static_cast<size_t>(num_slots) * Hkv * D);
+          float2* dcs = nullptr;
+          int32_t *dpos = nullptr, *dslot = nullptr;
+          ASSERT_EQ(cudaMalloc(&dcs, cs.size() * sizeof(float2)), cudaSuccess);
+          ASSERT_EQ(cudaMalloc(&dpos, M * 4), cudaSuccess);
+          ASSERT_EQ(cudaMalloc(&dslot, M * 4), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(dcs, cs.data(), cs.size() * sizeof(float2), cudaMemcpyHostToDevice), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(dpos, pos.data(), M * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(dslot, slot.data(), M * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          cuda::GemvFusion f;
+          f.eps = 1e-5f;
+          f.rope_kv = true;
+          f.rope = {dpos, dcs, dslot, dq.p, dense ? dk.p : nullptr, dense ? dv.p : nullptr, kc.p, vc.p, Hq, Hkv, D};
+          // The skinny GEMM's norm comes from a producer: x * weight and each
+          // row's sum of x^2 in fixed point (gemv.h's kNormSumScale).
+          Host xg = x;
+          for (int64_t i = 0; i < M * K; ++i) xg.Set(i, x.f[i] * g.f[i % K]);
+          std::vector<unsigned long long> sq(M);
+          for (int64_t m = 0; m < M; ++m) {
+            double ss = 0;
+            for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(x.f[m * K + k]) * x.f[m * K + k];
+            sq[m] = static_cast<unsigned long long>(std::llround(ss * cuda::kNormSumScale));
+          }
+          Dev dxg(xg.bits);
+          unsigned long long* dsq = nullptr;
+          ASSERT_EQ(cudaMalloc(&dsq, M * sizeof(unsigned long long)), cudaSuccess);
+          ASSERT_EQ(cudaMemcpy(dsq, sq.data(), M * sizeof(unsigned long long), cudaMemcpyHostToDevice), cudaSuccess);
+          if (skinny) {
+            f.sq_in = dsq;
+            ASSERT_TRUE(cuda::LaunchSkinnyGemmFused(dt, M, N, K, dxg.p, dw.p, nullptr, f, nullptr).ok());
+          } else {
+            f.norm_weight = dg.p;
+            ASSERT_TRUE(cuda::LaunchGemvFused(dt, M, N, K, dx.p, dw.p, nullptr, f, nullptr).ok());
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<double> qkv = MatVec(Normed(x.f, g.f, M, K, 1e-5), w.f, M, N, K);
+          // Reference q [M,Hq,D], k and v [M,Hkv,D].
+          std::vector<float> wq(M * Hq * D), wk(M * Hkv * D), wv(M * Hkv * D);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int h = 0; h < Hq + 2 * Hkv; ++h) {
+              const double* src = &qkv[m * N + static_cast<int64_t>(h) * D];
+              float* dst = h < Hq         ? &wq[(m * Hq + h) * D]
+                           : h < Hq + Hkv ? &wk[(m * Hkv + h - Hq) * D]
+                                          : &wv[(m * Hkv + h - Hq - Hkv) * D];
+              for (int i = 0; i < half; ++i) {
+                if (h < Hq + Hkv) {
+                  const float2 c = cs[pos[m] * half + i];
+                  dst[i] = static_cast<float>(src[i] * c.x - src[i + half] * c.y);
+                  dst[i + half] = static_cast<float>(src[i + half] * c.x + src[i] * c.y);
+                } else {
+                  dst[i] = static_cast<float>(src[i]);
+                  dst[i + half] = static_cast<float>(src[i + half]);
+                }
               }
             }
           }
+          const std::vector<float> gq = dq.Get(dt), gkc = kc.Get(dt), gvc = vc.Get(dt);
+          ASSERT_TRUE(AllFinite(gq));
+          EXPECT_LT(RelErrorNorm(gq, wq), kTol) << "q, D " << D << " M " << M;
+          std::vector<float> got_k(M * Hkv * D), got_v(M * Hkv * D);
+          for (int64_t m = 0; m < M; ++m) {
+            std::memcpy(&got_k[m * Hkv * D], &gkc[static_cast<int64_t>(slot[m]) * Hkv * D], Hkv * D * 4);
+            std::memcpy(&got_v[m * Hkv * D], &gvc[static_cast<int64_t>(slot[m]) * Hkv * D], Hkv * D * 4);
+          }
+          ASSERT_TRUE(AllFinite(got_k) && AllFinite(got_v)) << "D " << D << " M " << M;
+          EXPECT_LT(RelErrorNorm(got_k, wk), kTol) << "k cache, D " << D << " M " << M;
+          EXPECT_LT(RelErrorNorm(got_v, wv), kTol) << "v cache, D " << D << " M " << M;
+          // Slots no row owns keep their poison.
+          int64_t touched = 0;
+          for (float v : gkc) touched += std::isfinite(v) ? 1 : 0;
+          EXPECT_EQ(touched, M * Hkv * D);
+          if (dense) {
+            const std::vector<float> gk = dk.Get(dt), gv = dv.Get(dt);
+            EXPECT_LT(RelErrorNorm(gk, wk), kTol) << "dense k";
+            EXPECT_LT(RelErrorNorm(gv, wv), kTol) << "dense v";
+          }
+          cudaFree(dcs);
+          cudaFree(dpos);
+          cudaFree(dslot);
+          cudaFree(dsq);
         }
-        const std::vector<float> gq = dq.Get(dt), gkc = kc.Get(dt), gvc = vc.Get(dt);
-        ASSERT_TRUE(AllFinite(gq));
-        EXPECT_LT(RelErrorNorm(gq, wq), kTol) << "q, D " << D << " M " << M;
-        std::vector<float> got_k(M * Hkv * D), got_v(M * Hkv * D);
-        for (int64_t m = 0; m < M; ++m) {
-          std::memcpy(&got_k[m * Hkv * D], &gkc[static_cast<int64_t>(slot[m]) * Hkv * D], Hkv * D * 4);
-          std::memcpy(&got_v[m * Hkv * D], &gvc[static_cast<int64_t>(slot[m]) * Hkv * D], Hkv * D * 4);
-        }
-        ASSERT_TRUE(AllFinite(got_k) && AllFinite(got_v)) << "D " << D << " M " << M;
-        EXPECT_LT(RelErrorNorm(got_k, wk), kTol) << "k cache, D " << D << " M " << M;
-        EXPECT_LT(RelErrorNorm(got_v, wv), kTol) << "v cache, D " << D << " M " << M;
-        // Slots no row owns keep their poison.
-        int64_t touched = 0;
-        for (float v : gkc) touched += std::isfinite(v) ? 1 : 0;
-        EXPECT_EQ(touched, M * Hkv * D);
-        if (dense) {
-          const std::vector<float> gk = dk.Get(dt), gv = dv.Get(dt);
-          EXPECT_LT(RelErrorNorm(gk, wk), kTol) << "dense k";
-          EXPECT_LT(RelErrorNorm(gv, wv), kTol) << "dense v";
-        }
-        cudaFree(dcs);
-        cudaFree(dpos);
-        cudaFree(dslot);
       }
     }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemvFusedTest, ::testing::Values(DType::kBF16, DType::kF16),

@@ -350,58 +350,62 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
 // run every layer in the decode megakernel) against the unfused kernels and
 // the CPU runner: decode steps of 1, 2 and 4 sequences on the GEMV (forced
 // by a tuned config above one row; the unfused reference on the built-in
-// rule), from graphs and eagerly, logits of every step. (The environment's
+// rule), and of 2, 4 and 16 on the narrow skinny GEMM (the built-in rule,
+// kDecodeSkinny), from graphs and eagerly, logits of every step. (The environment's
 // FUSEDSERVE_DECODE_FUSION, when set, overrides every runner's mask.)
 TEST_P(ModelCudaTest, FusedDecodeMatchesUnfused) {
   const ModelConfig c = Config();
   const int64_t bs = 16;
   constexpr int kMega = CudaModelRunnerOptions::kDecodeMegakernel;
   constexpr int kNormEpi = CudaModelRunnerOptions::kDecodeNormEpilogue;
-  // The fusions need every projection on the GEMV: the built-in rule gives
-  // it one row, a tuned config (forced here) more.
+  constexpr int kSkinny = CudaModelRunnerOptions::kDecodeSkinny;
+  // The fusions need every layer projection on the GEMV or the narrow skinny
+  // GEMM: the built-in rule gives the GEMV one row and the skinny GEMM 2-32;
+  // a tuned config (forced here: "GEMV") gives the GEMV more.
   ConfigLookup gemv = [](const std::string& op, DType, const std::vector<int64_t>&) -> std::string {
     return op == "linear" ? "p1.a0" : op == "swiglu_mlp" ? "p1" : "";
   };
-  for (int mask : {1, 2, 3, kMega | 1, kMega | 2, kNormEpi, kNormEpi | 1, kMega | kNormEpi | 1}) {
-    for (bool graphs : {true, false}) {
-      for (int64_t B : {1, 2, 4}) {
-        if (!graphs && B == 2) continue;
-        Pair fused = MakePair(c, 4 * B, bs, graphs, gemv, false, mask);
-        Pair plain = MakePair(c, 4 * B, bs, graphs, nullptr, false, /*decode_fusion=*/0);
-        ASSERT_TRUE(fused.gpu != nullptr && plain.gpu != nullptr);
-        std::mt19937 rng(static_cast<unsigned>(100 + B));
-        std::vector<Seq> seqs(B);
-        for (int64_t b = 0; b < B; ++b) {
-          for (int t = 0; t < 5 + 7 * b; ++t) seqs[b].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
-          seqs[b].blocks = {static_cast<int32_t>(2 * b), static_cast<int32_t>(2 * b + 1)};
-        }
-        double worst_cpu = 0, worst_plain = 0;
-        for (int step = 0; step < 5; ++step) {  // step 0 prefills the prompts, then decodes
-          std::vector<SeqForward> batch;
-          for (const Seq& s : seqs) batch.push_back(s.Next());
-          std::vector<float> lc, lf, lp;
-          ASSERT_TRUE(fused.cpu->ForwardLogits(batch, &lc).ok());
-          absl::Status st = fused.gpu->ForwardLogits(batch, &lf);
-          ASSERT_TRUE(st.ok()) << st;
-          st = plain.gpu->ForwardLogits(batch, &lp);
-          ASSERT_TRUE(st.ok()) << st;
+  for (int mask : {1, 2, 3, kMega | 1, kMega | 2, kNormEpi, kNormEpi | 1, kMega | kNormEpi | 1})
+    for (bool graphs : {true, false})
+      for (bool forced : {true, false})
+        for (int64_t B : {1, 2, 4, 16}) {
+          if ((!graphs && B == 2) || (forced && B == 16) || (!forced && (B == 1 || (mask & (kMega | 2)) != 0)))
+            continue;
+          Pair fused = MakePair(c, 4 * B, bs, graphs, forced ? gemv : nullptr, false, forced ? mask : mask | kSkinny);
+          Pair plain = MakePair(c, 4 * B, bs, graphs, nullptr, false, /*decode_fusion=*/0);
+          ASSERT_TRUE(fused.gpu != nullptr && plain.gpu != nullptr);
+          std::mt19937 rng(static_cast<unsigned>(100 + B));
+          std::vector<Seq> seqs(B);
           for (int64_t b = 0; b < B; ++b) {
-            const double ec = RelErrorNorm(lf.data() + b * c.vocab, lc.data() + b * c.vocab, c.vocab);
-            const double ep = RelErrorNorm(lf.data() + b * c.vocab, lp.data() + b * c.vocab, c.vocab);
-            worst_cpu = std::max(worst_cpu, ec);
-            worst_plain = std::max(worst_plain, ep);
-            EXPECT_LT(ec, Tolerance(c)) << "mask " << mask << " B=" << B << " step " << step << " seq " << b;
-            EXPECT_LT(ep, Tolerance(c)) << "mask " << mask << " B=" << B << " step " << step << " seq " << b;
-            Seq& s = seqs[b];
-            s.cached = static_cast<int64_t>(s.tokens.size());
-            s.tokens.push_back(Argmax(lc.data() + b * c.vocab, c.vocab));
+            for (int t = 0; t < 5 + 7 * (b % 4); ++t) seqs[b].tokens.push_back(static_cast<int32_t>(rng() % c.vocab));
+            seqs[b].blocks = {static_cast<int32_t>(2 * b), static_cast<int32_t>(2 * b + 1)};
           }
+          double worst_cpu = 0, worst_plain = 0;
+          for (int step = 0; step < 5; ++step) {  // step 0 prefills the prompts, then decodes
+            std::vector<SeqForward> batch;
+            for (const Seq& s : seqs) batch.push_back(s.Next());
+            std::vector<float> lc, lf, lp;
+            ASSERT_TRUE(fused.cpu->ForwardLogits(batch, &lc).ok());
+            absl::Status st = fused.gpu->ForwardLogits(batch, &lf);
+            ASSERT_TRUE(st.ok()) << st;
+            st = plain.gpu->ForwardLogits(batch, &lp);
+            ASSERT_TRUE(st.ok()) << st;
+            for (int64_t b = 0; b < B; ++b) {
+              const double ec = RelErrorNorm(lf.data() + b * c.vocab, lc.data() + b * c.vocab, c.vocab);
+              const double ep = RelErrorNorm(lf.data() + b * c.vocab, lp.data() + b * c.vocab, c.vocab);
+              worst_cpu = std::max(worst_cpu, ec);
+              worst_plain = std::max(worst_plain, ep);
+              EXPECT_LT(ec, Tolerance(c)) << "mask " << mask << " B=" << B << " step " << step << " seq " << b;
+              EXPECT_LT(ep, Tolerance(c)) << "mask " << mask << " B=" << B << " step " << step << " seq " << b;
+              Seq& s = seqs[b];
+              s.cached = static_cast<int64_t>(s.tokens.size());
+              s.tokens.push_back(Argmax(lc.data() + b * c.vocab, c.vocab));
+            }
+          }
+          std::printf("[%s] fused decode mask %d B=%ld%s%s: worst logits rel err %.3e vs CPU, %.3e vs unfused\n",
+                      c.name.c_str(), mask, static_cast<long>(B), graphs ? " (graphs)" : "",
+                      forced ? " (GEMV forced)" : " (built-in rule)", worst_cpu, worst_plain);
         }
-        std::printf("[%s] fused decode mask %d B=%ld%s: worst logits rel err %.3e vs CPU, %.3e vs unfused\n",
-                    c.name.c_str(), mask, static_cast<long>(B), graphs ? " (graphs)" : "", worst_cpu, worst_plain);
-      }
-    }
-  }
 }
 
 // Decode steps of 12, 24 and 48 sequences: more rows than the GEMV takes, so

@@ -286,9 +286,27 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams 
   }
 }
 
+// FUSEDSERVE_SKINNY_ONE_TILE=0: steps of up to 8 rows on the two-tile kernel
+// (the A/B of the one-tile one).
+bool SkinnyOneTile() {
+  static const bool on = [] {
+    const char* e = std::getenv("FUSEDSERVE_SKINNY_ONE_TILE");
+    return e == nullptr || e[0] != '0';
+  }();
+  return on;
+}
+
 template <typename T, bool kSwiglu>
 CudaStatus LaunchTyped(const SkinnyParams& p, cudaStream_t stream) {
-  auto kernel = p.M <= 16 ? SkinnyGemmKernel<T, 2, kSwiglu> : SkinnyGemmKernel<T, 4, kSwiglu>;
+  // Token tiles: one up to 8 rows, so its warps keep twice the weight chunks
+  // in flight (the projections of a decode step with K = 2048 then load all
+  // their weights in one round, issued before the PDL wait). Measured on the
+  // H100 (llama-3.2-1b decode, bench/notes/decode_fusion.md): B=2 and 4 steps
+  // 5% faster than on the two-tile kernel.
+  const int nt = p.M <= 8 && SkinnyOneTile() ? 1 : p.M <= 16 ? 2 : 4;
+  auto kernel = nt == 1   ? SkinnyGemmKernel<T, 1, kSwiglu>
+                : nt == 2 ? SkinnyGemmKernel<T, 2, kSwiglu>
+                          : SkinnyGemmKernel<T, 4, kSwiglu>;
   int64_t resident_blocks = 0;
   if (CudaStatus s = cuda::ResidentBlocks(kernel, kWarps * 32, &resident_blocks); !s.ok()) return s;
   // Split K over up to kWarps warps while the tiles alone leave the GPU's
@@ -296,7 +314,7 @@ CudaStatus LaunchTyped(const SkinnyParams& p, cudaStream_t stream) {
   const int64_t tiles = p.N / 16;
   const int64_t resident = resident_blocks * kWarps;
   int split = 1;
-  const int64_t chunks_in_flight = (kSwiglu ? 4 : 8) / (p.M <= 16 ? 2 : 4);  // kC of the kernel
+  const int64_t chunks_in_flight = (kSwiglu ? 4 : 8) / nt;  // kC of the kernel
   while (split < kWarps && tiles * split * 2 <= resident && p.K / 32 >= split * 2 * chunks_in_flight) split *= 2;
   const int64_t per_block = kWarps / split;
   const int64_t blocks = (tiles + per_block - 1) / per_block;

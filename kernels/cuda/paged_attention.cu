@@ -19,12 +19,17 @@
 //                        cores (mma.sync; bf16/fp16 at head dims 64 and 128,
 //                        the default there): the query heads of a kv head
 //                        are the rows of S = Q K^T, P V reuses S's registers.
+//                        At one or two rows the splits of a (row, kv head)
+//                        are a thread-block cluster and merge through
+//                        distributed shared memory instead.
 // The CPU reference of all of them is the CPU model runner
 // (model/cpu_runner.cc); tests/gpu/model_cuda_test.cc compares the two.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
@@ -198,6 +203,27 @@ __device__ __forceinline__ SplitKeys SplitKeysOf(const PagedAttentionParams& p, 
 // context is one split; else this split's partials into the workspace, and
 // the last split CTA of the (row, kv head) to finish merges them all. Every
 // thread of the CTA calls it, after the __syncthreads that publishes the parts.
+// One output (query head g, dim d) of the CTA's kParts partial softmax
+// states merged: (max, sum) and the unnormalised acc (sum 0: no keys).
+struct MergedPart {
+  float M, L, A;
+};
+template <int D, int kG, int kParts>
+__device__ __forceinline__ MergedPart MergeParts(const float (&sm_acc)[kParts][kG][D],
+                                                 const float2 (&sm_ml)[kParts][kG], int g, int d) {
+  float M = -INFINITY;
+  for (int k = 0; k < kParts; ++k) M = fmaxf(M, sm_ml[k][g].x);
+  float L = 0.0f, A = 0.0f;
+  if (M != -INFINITY) {
+    for (int k = 0; k < kParts; ++k) {
+      const float w = exp2f(sm_ml[k][g].x - M);
+      L += sm_ml[k][g].y * w;
+      A += sm_acc[k][g][d] * w;
+    }
+  }
+  return {M, L, A};
+}
+
 template <typename T, int D, int kG, int kParts>
 __device__ __forceinline__ void MergeAndStore(const PagedAttentionParams& p, const SplitWorkspace& ws,
                                               const float (&sm_acc)[kParts][kG][D], const float2 (&sm_ml)[kParts][kG],
@@ -206,16 +232,8 @@ __device__ __forceinline__ void MergeAndStore(const PagedAttentionParams& p, con
   T* O = static_cast<T*>(p.o);
   for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
     const int g = idx / D, d = idx % D;
-    float M = -INFINITY;
-    for (int k = 0; k < kParts; ++k) M = fmaxf(M, sm_ml[k][g].x);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int k = 0; k < kParts; ++k) {
-        const float w = exp2f(sm_ml[k][g].x - M);
-        L += sm_ml[k][g].y * w;
-        A += sm_acc[k][g][d] * w;
-      }
-    }
+    const MergedPart m = MergeParts(sm_acc, sm_ml, g, d);
+    const float M = m.M, L = m.L, A = m.A;
     const int h = hk * G + g;
     if (splits == 1) {
       O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
@@ -268,6 +286,60 @@ __device__ __forceinline__ void MergeAndStore(const PagedAttentionParams& p, con
       if (d < D) O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
     }
   }
+}
+
+// The same merge when the splits of a (row, kv head) are one thread-block
+// cluster (grid x = split): each CTA keeps its merged part in its own shared
+// memory, one cluster barrier publishes them, and rank c merges the c-th
+// slice of the G x D outputs by reading every rank's part through
+// distributed shared memory. No partials in global memory, no fences, no
+// counter: at one row the global merge's fence, atomic and L2 round trips
+// were most of the attention's time at short contexts. The second barrier
+// keeps each CTA's shared memory alive until its peers have read it.
+template <typename T, int D, int kG, int kParts>
+__device__ __forceinline__ void ClusterMergeAndStore(const PagedAttentionParams& p,
+                                                     const float (&sm_acc)[kParts][kG][D],
+                                                     const float2 (&sm_ml)[kParts][kG], int tok, int hk) {
+  namespace cg = cooperative_groups;
+  __shared__ float part_acc[kG][D];
+  __shared__ float2 part_ml[kG];
+  const int G = p.Hq / p.Hkv;
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    const MergedPart m = MergeParts(sm_acc, sm_ml, g, d);
+    part_acc[g][d] = m.A;
+    if (d == 0) part_ml[g] = make_float2(m.M, m.L);
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int n = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const int per = (G * D + n - 1) / n;  // a contiguous slice a rank: coalesced O stores
+  const int end = min(G * D, (rank + 1) * per);
+  for (int idx = rank * per + static_cast<int>(threadIdx.x); idx < end; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float2 ml[kPagedMaxClusterSplits];
+    float a[kPagedMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kPagedMaxClusterSplits; ++s) {  // every load issued before the first use
+      ml[s] = s < n ? *cluster.map_shared_rank(&part_ml[g], s) : make_float2(-INFINITY, 0.0f);
+      a[s] = s < n ? *cluster.map_shared_rank(&part_acc[g][d], s) : 0.0f;
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kPagedMaxClusterSplits; ++s) M = fmaxf(M, ml[s].x);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < kPagedMaxClusterSplits; ++s) {
+        const float w = ml[s].x == -INFINITY ? 0.0f : exp2f(ml[s].x - M);
+        L += ml[s].y * w;
+        A = fmaf(a[s], w, A);
+      }
+    }
+    static_cast<T*>(p.o)[(static_cast<int64_t>(tok) * p.Hq + hk * G + g) * D + d] =
+        FromFloat<T>(L > 0.0f ? A / L : 0.0f);
+  }
+  cluster.sync();
 }
 
 template <typename T, int D, int kG>
@@ -421,32 +493,39 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
 //     16-byte loads as K's, transposed in registers by movmatrix: output
 //     fragment block 4s + w, column pair t, is dims 32s + 8t + 2w + {0, 1},
 //     so a lane ends with 8 contiguous dims of its head per s.
-template <typename T, int D>
+template <typename T, int D, bool kCluster>
 struct MmaShape {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kSegs = D / 32;  // 16-byte loads per key row and lane
   // 8-key tiles a warp loads per iteration: two (16 keys: four at D = 64 took
   // 134 registers, and a cap of 128 spilled; a B = 1 split of 64 keys keeps
-  // all four warps busy).
-  static constexpr int kTiles = 2;
+  // all four warps busy). The cluster variant runs at most two rows (256
+  // CTAs, two an SM) in at most 16 splits: at D = 64 it takes four tiles, so
+  // a split of 128 keys (context 2048) is one iteration, loaded before the
+  // programmatic-launch wait.
+  static constexpr int kTiles = kCluster && D == 64 ? 4 : 2;
   static constexpr int kKeys = kTiles * 8;  // keys a warp takes per iteration
   static constexpr int kBlocks = D / 8;     // O fragment blocks (8 dims each)
   // CTAs an SM must hold (the register cap): four at D = 64, as many as the
-  // CUDA-core kernel, so PagedAttentionSplits' one-wave rule holds; no cap at
-  // D = 128 (64 accumulators: ~180 registers, two CTAs an SM; a cap of three
-  // spilled and lost 3-10% on the H100).
-  static constexpr int kMinBlocks = D == 64 ? 4 : 1;
+  // CUDA-core kernel, so PagedAttentionSplits' one-wave rule holds (two for
+  // the cluster variant); no cap at D = 128 (64 accumulators: ~180
+  // registers, two CTAs an SM; a cap of three spilled and lost 3-10% on the
+  // H100).
+  static constexpr int kMinBlocks = D == 64 ? (kCluster ? 2 : 4) : 1;
 };
 
-template <typename T, int D, int kG>
-__global__ void __launch_bounds__(kThreads, MmaShape<T, D>::kMinBlocks)
+// kCluster: the splits of a (row, kv head) are one cluster along grid x
+// (grid (splits, Hkv, R)) and merge through ClusterMergeAndStore.
+template <typename T, int D, int kG, bool kCluster>
+__global__ void __launch_bounds__(kThreads, MmaShape<T, D, kCluster>::kMinBlocks)
     PagedAttentionMmaKernel(PagedAttentionParams p, SplitWorkspace ws) {
-  using S = MmaShape<T, D>;
+  using S = MmaShape<T, D, kCluster>;
   constexpr int kWarps = S::kWarps, kSegs = S::kSegs, kTiles = S::kTiles, kKeys = S::kKeys;
   static_assert(kG <= 8, "query heads are the A rows 0-7 (rows 8-15 stay zero)");
   __shared__ float sm_acc[kWarps][kG][D];
   __shared__ float2 sm_ml[kWarps][kG];
-  const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int r = kCluster ? blockIdx.z : blockIdx.x, hk = blockIdx.y;
+  const int split = kCluster ? blockIdx.x : blockIdx.z, splits = kCluster ? gridDim.x : gridDim.z;
   const int G = p.Hq / p.Hkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const SplitKeys sk = SplitKeysOf(p, r, split, splits);  // uploaded before the step: read before the wait
@@ -583,7 +662,11 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D>::kMinBlocks)
     if (t == 0) sm_ml[warp][g] = make_float2(m, l);
   }
   __syncthreads();
-  MergeAndStore<T, D, kG, kWarps>(p, ws, sm_acc, sm_ml, tok, r, hk, split, splits);
+  if constexpr (kCluster) {
+    ClusterMergeAndStore<T, D, kG, kWarps>(p, sm_acc, sm_ml, tok, hk);
+  } else {
+    MergeAndStore<T, D, kG, kWarps>(p, ws, sm_acc, sm_ml, tok, r, hk, split, splits);
+  }
 }
 
 // Whether a launch the tensor-core kernel can run takes it: p.kernel, else
@@ -597,6 +680,49 @@ bool UseTensorCores(const PagedAttentionParams& p) {
   return env != 0;
 }
 
+// The default of PagedAttentionParams::merge: the cluster merge for launches
+// of up to this many rows (FUSEDSERVE_PAGED_CLUSTER=n overrides; 0: never).
+int ClusterMergeMaxRows() {
+  static const int rows = [] {
+    const char* e = std::getenv("FUSEDSERVE_PAGED_CLUSTER");
+    return e != nullptr ? std::max(0, std::atoi(e)) : kPagedClusterMaxRows;
+  }();
+  return rows;
+}
+
+// Whether the current device co-schedules a cluster of `splits` CTAs of
+// kKernel (16 is past the portable 8: allowed per kernel and device).
+// Checked once per kernel, device and size; a GPU that cannot falls back to
+// the global merge.
+template <auto kKernel>
+bool ClusterFits(int splits) {
+  constexpr int kDevices = 16;
+  static std::atomic<int> fits[kDevices][kPagedMaxClusterSplits + 1] = {};  // 0 unknown, 1 yes, -1 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  std::atomic<int>& f = fits[device][splits];
+  if (f.load(std::memory_order_relaxed) == 0) {
+    bool ok = cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(splits), 1, 1);
+    cfg.blockDim = dim3(kThreads);
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(splits);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    ok = ok && cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg) == cudaSuccess && clusters >= 1;
+    if (!ok) cudaGetLastError();
+    f.store(ok ? 1 : -1, std::memory_order_relaxed);
+  }
+  return f.load(std::memory_order_relaxed) == 1;
+}
+
 template <typename T, int D, int kG>
 CudaStatus LaunchPagedTyped(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream) {
   const int64_t slots = static_cast<int64_t>(kPagedMaxSplitRows) * p.Hq;  // (row, head, split) entries
@@ -606,8 +732,16 @@ CudaStatus LaunchPagedTyped(const PagedAttentionParams& p, int splits, void* wor
   ws.done = reinterpret_cast<unsigned*>(ws.ml + slots);
   const dim3 grid(static_cast<unsigned>(p.R), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(splits));
   if constexpr (sizeof(T) == 2 && (D == 64 || D == 128) && kG <= 8) {
-    if (UseTensorCores(p))
-      return LaunchKernel(PagedAttentionMmaKernel<T, D, kG>, grid, dim3(kThreads), 0, stream, 1, p, ws);
+    if (UseTensorCores(p)) {
+      const bool cluster = (p.merge >= 0 ? p.merge == 1 : p.R <= ClusterMergeMaxRows()) && splits > 1 &&
+                           splits <= kPagedMaxClusterSplits && p.R <= 65535 &&
+                           ClusterFits<PagedAttentionMmaKernel<T, D, kG, true>>(splits);
+      if (cluster) {
+        const dim3 cgrid(static_cast<unsigned>(splits), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(p.R));
+        return LaunchKernel(PagedAttentionMmaKernel<T, D, kG, true>, cgrid, dim3(kThreads), 0, stream, splits, p, ws);
+      }
+      return LaunchKernel(PagedAttentionMmaKernel<T, D, kG, false>, grid, dim3(kThreads), 0, stream, 1, p, ws);
+    }
   }
   return LaunchKernel(PagedAttentionKernel<T, D, kG>, grid, dim3(kThreads), 0, stream, 1, p, ws);
 }
@@ -674,8 +808,12 @@ int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
     return v >= 1 && v <= 64 ? v : kCtasPerSm;
   }();
   const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(R) * Hkv);
-  int s = static_cast<int>(
-      std::min<int64_t>(kPagedMaxSplits, std::max<int64_t>(1, per_sm * static_cast<int64_t>(sm_count) / ctas)));
+  // With the cluster merge (few rows): at most one cluster's worth (16), and
+  // its variant holds three CTAs an SM at D = 64 (MmaShape).
+  const bool cluster = R <= ClusterMergeMaxRows();
+  const int max_splits = cluster ? kPagedMaxClusterSplits : kPagedMaxSplits;
+  const int64_t resident = (cluster ? std::min(per_sm, 3) : per_sm) * static_cast<int64_t>(sm_count);
+  int s = static_cast<int>(std::min<int64_t>(max_splits, std::max<int64_t>(1, resident / ctas)));
   s = std::min(s, std::max(1, max_ctx / 64));
   while (s > 1 && static_cast<int64_t>(R) * s > kPagedMaxSplitRows) --s;
   return std::max(s, 1);

@@ -78,13 +78,23 @@ struct PagedAttentionParams {
   // (FUSEDSERVE_PAGED_MMA=0/1, else tensor cores), 0 the CUDA-core kernel,
   // 1 the tensor-core kernel. Other shapes always take the CUDA-core kernel.
   int kernel = -1;
+  // How the tensor-core kernel merges 2-16 context splits: -1 the default
+  // (the cluster for launches of up to kPagedClusterMaxRows rows;
+  // FUSEDSERVE_PAGED_CLUSTER=n: up to n rows), 0 partials through global memory
+  // and the last CTA to finish, 1 the splits as one thread-block cluster
+  // merging through distributed shared memory. More splits, and the CUDA-core
+  // kernel, always merge through global memory.
+  int merge = -1;
 };
 
 // Head dims 16, 32, 64, 128; at most 8 query heads per kv head.
 bool PagedAttentionSupported(int Hq, int Hkv, int D);
 // Context splits for R rows: as many CTAs as fit on the GPU in one wave
-// (four per SM), at most kPagedMaxSplits, and R * splits <= kPagedMaxSplitRows.
+// (four per SM), at most kPagedMaxSplits (kPagedMaxClusterSplits where the
+// cluster merge is the default), and R * splits <= kPagedMaxSplitRows.
 constexpr int kPagedMaxSplits = 32;
+constexpr int kPagedMaxClusterSplits = 16;  // with the cluster merge
+constexpr int kPagedClusterMaxRows = 2;     // the cluster merge's default reach
 constexpr int kPagedMaxSplitRows = 1024;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
 // Workspace bytes for any launch of these head counts (context splits keep

@@ -133,32 +133,39 @@ void CheckPaged(const PagedCase& c, uint64_t seed) {
   // Decode rows (one a sequence) also with the keys before ctx - 1 loaded
   // ahead of the programmatic-launch wait: the same results.
   const bool one_row_per_seq = std::set<int>(c.row_seq.begin(), c.row_seq.end()).size() == c.row_seq.size();
+  // The tensor-core kernel merges 2-16 splits either through global memory
+  // (merge 0) or as one thread-block cluster (merge 1).
   for (int kernel : {0, 1})
-    for (bool early : {false, true})
-      for (int splits : {1, tuned, 4, 5, cuda::kPagedMaxSplits, 4}) {  // 4 twice: counters left at zero
-        if (int64_t{R} * splits > cuda::kPagedMaxSplitRows || (early && !one_row_per_seq)) continue;
-        SCOPED_TRACE("splits " + std::to_string(splits) + " kernel " + std::to_string(kernel) +
-                     (early ? " early keys" : ""));
-        p.kernel = kernel;
-        p.only_last_key_new = early;
-        ASSERT_EQ(cudaMemset(o, 0xFF, o_bytes), cudaSuccess);
-        const CudaStatus s = cuda::LaunchPagedAttention(p, splits, splits > 1 ? ws : nullptr, nullptr);
-        ASSERT_TRUE(s.ok()) << s.message;
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
-        std::string got_bytes(o_bytes, '\0');
-        ASSERT_EQ(cudaMemcpy(got_bytes.data(), o, o_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-        HostTensor got;
-        got.dtype = c.dt;
-        got.shape = {T, c.Hq, c.D};
-        got.data = got_bytes;
-        const std::vector<float> gf = got.ToFloat();
-        std::vector<float> by_row(ref.size());
-        for (int r = 0; r < R; ++r) std::copy_n(gf.begin() + rows[r] * q_elems, q_elems, by_row.begin() + r * q_elems);
-        const double tol = c.dt == DType::kF32 ? 1e-5 : (c.dt == DType::kF16 ? 2e-3 : 1e-2);
-        EXPECT_LE(RelErrorNorm(by_row, ref), tol);  // NaN (an unwritten row) fails too
-        const std::string untouched = got_bytes.substr(static_cast<size_t>(R) * q_elems * elem);
-        EXPECT_EQ(untouched, std::string(untouched.size(), '\xFF')) << "the row no query names was written";
-      }
+    for (int merge : {0, 1})
+      for (bool early : {false, true})
+        for (int splits : {1, tuned, 4, 5, 2, cuda::kPagedMaxClusterSplits, cuda::kPagedMaxSplits, 4}) {
+          // (4 twice: the global merge's counters are left at zero)
+          if (int64_t{R} * splits > cuda::kPagedMaxSplitRows || (early && !one_row_per_seq)) continue;
+          if (merge == 1 && (kernel == 0 || splits == 1)) continue;
+          SCOPED_TRACE("splits " + std::to_string(splits) + " kernel " + std::to_string(kernel) + " merge " +
+                       std::to_string(merge) + (early ? " early keys" : ""));
+          p.kernel = kernel;
+          p.merge = merge;
+          p.only_last_key_new = early;
+          ASSERT_EQ(cudaMemset(o, 0xFF, o_bytes), cudaSuccess);
+          const CudaStatus s = cuda::LaunchPagedAttention(p, splits, splits > 1 ? ws : nullptr, nullptr);
+          ASSERT_TRUE(s.ok()) << s.message;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+          std::string got_bytes(o_bytes, '\0');
+          ASSERT_EQ(cudaMemcpy(got_bytes.data(), o, o_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+          HostTensor got;
+          got.dtype = c.dt;
+          got.shape = {T, c.Hq, c.D};
+          got.data = got_bytes;
+          const std::vector<float> gf = got.ToFloat();
+          std::vector<float> by_row(ref.size());
+          for (int r = 0; r < R; ++r)
+            std::copy_n(gf.begin() + rows[r] * q_elems, q_elems, by_row.begin() + r * q_elems);
+          const double tol = c.dt == DType::kF32 ? 1e-5 : (c.dt == DType::kF16 ? 2e-3 : 1e-2);
+          EXPECT_LE(RelErrorNorm(by_row, ref), tol);  // NaN (an unwritten row) fails too
+          const std::string untouched = got_bytes.substr(static_cast<size_t>(R) * q_elems * elem);
+          EXPECT_EQ(untouched, std::string(untouched.size(), '\xFF')) << "the row no query names was written";
+        }
   for (void* a : allocs) cudaFree(a);
 }
 

@@ -19,7 +19,7 @@
 //                        cores (mma.sync; bf16/fp16 at head dims 64 and 128,
 //                        the default there): the query heads of a kv head
 //                        are the rows of S = Q K^T, P V reuses S's registers.
-//                        At one or two rows the splits of a (row, kv head)
+//                        At up to four rows the splits of a (row, kv head)
 //                        are a thread-block cluster and merge through
 //                        distributed shared memory instead.
 // The CPU reference of all of them is the CPU model runner
@@ -499,7 +499,7 @@ struct MmaShape {
   static constexpr int kSegs = D / 32;  // 16-byte loads per key row and lane
   // 8-key tiles a warp loads per iteration: two (16 keys: four at D = 64 took
   // 134 registers, and a cap of 128 spilled; a B = 1 split of 64 keys keeps
-  // all four warps busy). The cluster variant runs at most two rows (256
+  // all four warps busy). The cluster variant runs at most four rows (256
   // CTAs, two an SM) in at most 16 splits: at D = 64 it takes four tiles, so
   // a split of 128 keys (context 2048) is one iteration, loaded before the
   // programmatic-launch wait.
@@ -809,10 +809,11 @@ int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
   }();
   const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(R) * Hkv);
   // With the cluster merge (few rows): at most one cluster's worth (16), and
-  // its variant holds three CTAs an SM at D = 64 (MmaShape).
+  // one wave at two CTAs an SM (its D = 64 variant holds three; 12 splits at
+  // four rows were slower than 8: clusters of CTAs that start together).
   const bool cluster = R <= ClusterMergeMaxRows();
   const int max_splits = cluster ? kPagedMaxClusterSplits : kPagedMaxSplits;
-  const int64_t resident = (cluster ? std::min(per_sm, 3) : per_sm) * static_cast<int64_t>(sm_count);
+  const int64_t resident = (cluster ? std::min(per_sm, 2) : per_sm) * static_cast<int64_t>(sm_count);
   int s = static_cast<int>(std::min<int64_t>(max_splits, std::max<int64_t>(1, resident / ctas)));
   s = std::min(s, std::max(1, max_ctx / 64));
   while (s > 1 && static_cast<int64_t>(R) * s > kPagedMaxSplitRows) --s;

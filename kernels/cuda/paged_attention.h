@@ -94,7 +94,7 @@ bool PagedAttentionSupported(int Hq, int Hkv, int D);
 // cluster merge is the default), and R * splits <= kPagedMaxSplitRows.
 constexpr int kPagedMaxSplits = 32;
 constexpr int kPagedMaxClusterSplits = 16;  // with the cluster merge
-constexpr int kPagedClusterMaxRows = 2;     // the cluster merge's default reach
+constexpr int kPagedClusterMaxRows = 4;     // the cluster merge's default reach
 constexpr int kPagedMaxSplitRows = 1024;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
 // Workspace bytes for any launch of these head counts (context splits keep

@@ -148,7 +148,7 @@ TEST_P(GemvFusedTest, Residual) {
   const DType dt = GetParam();
   std::mt19937 rng(12);
   for (int64_t M : {1, 4, 5}) {
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{512, 1536}, {2048, 512}}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{512, 1536}, {2048, 512}, {2047, 8192}}) {
       Host x(dt, M * K, rng, 1.0f), w(dt, N * K, rng, 0.05f), r(dt, M * N, rng, 2.0f);
       Dev dx(x.bits), dw(w.bits), dr(r.bits), dy(M * N);
       cuda::GemvFusion f;

@@ -60,7 +60,9 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
 // norm_out / sq_out / sq_clear, sq_in, rope_kv with head dims a multiple of
 // 16; not a folded norm_weight) on this file's kernel, M <= kSkinnyNarrowMaxM:
 // the same epilogues as the GEMV, so a step of 2 to 32 rows also drops the
-// norm and rope kernels between projections.
+// norm and rope kernels between projections. A long-K producer (down: K >=
+// 2N, residual and next-norm epilogue) above 8 rows runs the Hopper skinny
+// kernel instead where there is one (LaunchSkinnyHopperResidual).
 CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                                  const GemvFusion& f, cudaStream_t stream);
 // LaunchSkinnySwiglu with a producer's sums (f.sq_in, f.eps); f's other fields unset.

@@ -19,6 +19,10 @@
 // (deterministic, no workspace). The SwiGLU form computes 64 gate and the
 // matching 64 up features per CTA and writes silu(g) * u.
 //
+// It also runs the fused down projection of 9-32 row decode steps, where it
+// keeps more weight tiles in flight than the register kernel's two- and
+// four-tile forms (LaunchSkinnyHopperResidual; -1% on the H200's B=16 step).
+//
 // Measured on the H100 (bench/notes/decode_fusion.md): at 64 rows 0.93-0.98x
 // cuBLASLt on the large projections alone and 0.7-0.8x on the small ones; in
 // the decode step it wins where it saves a kernel (the SwiGLU gate: no
@@ -32,6 +36,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.h"  // GemvFusion
 #include "kernels/dtype.h"
 
 namespace fusedserve::cuda {
@@ -53,6 +58,13 @@ bool SkinnyHopperSupported(DType dtype, int64_t M, int64_t N, int64_t K, const v
 // y = x . w^T.   x [M,K]; w [N,K]; y [M,N]
 CudaStatus LaunchSkinnyHopper(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                               cudaStream_t stream);
+
+// y = x . w^T + residual with the next norm's epilogue (a decode producer:
+// GemvFusion's residual and, together, norm_next, norm_out, sq_out and
+// sq_clear; nothing else). Each CTA adds its share of a row's sum of y^2 as
+// fixed point, so the sums are deterministic.
+CudaStatus LaunchSkinnyHopperResidual(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w,
+                                      void* y, const GemvFusion& f, cudaStream_t stream);
 
 // h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up].
 //   x [M,D]; gate_up [2I,D]; h [M,I]   (SkinnyHopperSupported(dtype, M, I, D, ...))

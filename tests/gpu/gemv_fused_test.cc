@@ -114,6 +114,18 @@ bool AllFinite(const std::vector<float>& v) {
 
 constexpr double kTol = 1e-2;  // bf16 output rounding is ~4e-3 relative
 
+// A producer's fusion (o_proj, down): the residual add and the next norm's
+// epilogue, its sums into sq[0, rows) and sq[rows, 2 rows) cleared.
+cuda::GemvFusion Producer(const void* residual, const void* g, void* z, unsigned long long* sq, int64_t rows) {
+  cuda::GemvFusion f;
+  f.residual = residual;
+  f.norm_next = g;
+  f.norm_out = z;
+  f.sq_out = sq;
+  f.sq_clear = sq + rows;
+  return f;
+}
+
 class GemvFusedTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
@@ -212,13 +224,7 @@ TEST_P(GemvFusedTest, NormThroughEpilogues) {
         return skinny ? cuda::LaunchSkinnyGemmFused(dt, M, n, k, in, wt, out, f, nullptr)
                       : cuda::LaunchGemvFused(dt, M, n, k, in, wt, out, f, nullptr);
       };
-      cuda::GemvFusion prod;
-      prod.residual = dr.p;
-      prod.norm_next = dg.p;
-      prod.norm_out = dz.p;
-      prod.sq_out = dsq;
-      prod.sq_clear = dsq + kRows;
-      ASSERT_TRUE(linear(D, K, dx.p, dw.p, dy.p, prod).ok());
+      ASSERT_TRUE(linear(D, K, dx.p, dw.p, dy.p, Producer(dr.p, dg.p, dz.p, dsq, kRows)).ok());
       cuda::GemvFusion cons;
       cons.sq_in = dsq;
       cons.eps = 1e-5f;
@@ -247,6 +253,60 @@ TEST_P(GemvFusedTest, NormThroughEpilogues) {
       const std::vector<float> h = dh.Get(dt);
       ASSERT_TRUE(AllFinite(h));
       EXPECT_LT(RelErrorNorm(h, Swiglu(MatVec(hn, gu.f, M, 2 * I, D), M, I)), kTol);
+    }
+  cudaFree(dsq);
+}
+
+// A long-K producer above one token tile (down: K >= 2N, 9-32 rows), which
+// LaunchSkinnyGemmFused hands to the Hopper skinny kernel where there is one:
+// y = x . w^T + residual, z = y * g as stored, each row's sum of y^2 as
+// stored in sq_out (fixed point), sq_clear zeroed; a second run gives the
+// same bits.
+TEST_P(GemvFusedTest, LongKProducer) {
+  const DType dt = GetParam();
+  std::mt19937 rng(16);
+  constexpr int64_t kRows = cuda::kSkinnyNarrowMaxM;
+  unsigned long long* dsq = nullptr;
+  ASSERT_EQ(cudaMalloc(&dsq, 2 * kRows * sizeof(unsigned long long)), cudaSuccess);
+  for (int64_t M : {9, 16, 17, 32})
+    for (int64_t N : {2048, 1040}) {
+      SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N));
+      const int64_t K = 8192;
+      Host x(dt, M * K, rng, 1.0f), w(dt, N * K, rng, 0.02f), r(dt, M * N, rng, 2.0f), g(dt, N, rng, 1.0f);
+      Dev dx(x.bits), dw(w.bits), dr(r.bits), dg(g.bits), dy(M * N), dz(M * N), dy2(M * N);
+      const cuda::GemvFusion f = Producer(dr.p, dg.p, dz.p, dsq, kRows);
+      std::vector<unsigned long long> sq[2];
+      for (int run = 0; run < 2; ++run) {
+        ASSERT_EQ(cudaMemset(dsq, 0, kRows * sizeof(unsigned long long)), cudaSuccess);
+        ASSERT_EQ(cudaMemset(dsq + kRows, 0xff, kRows * sizeof(unsigned long long)), cudaSuccess);
+        ASSERT_TRUE(cuda::LaunchSkinnyGemmFused(dt, M, N, K, dx.p, dw.p, run == 0 ? dy.p : dy2.p, f, nullptr).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        sq[run].resize(2 * kRows);
+        ASSERT_EQ(cudaMemcpy(sq[run].data(), dsq, 2 * kRows * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+      }
+      const std::vector<float> y = dy.Get(dt), z = dz.Get(dt);
+      ASSERT_TRUE(AllFinite(y));
+      ASSERT_TRUE(AllFinite(z));
+      EXPECT_EQ(y, dy2.Get(dt));
+      EXPECT_EQ(sq[0], sq[1]);
+      std::vector<double> xd(x.f.begin(), x.f.end());
+      std::vector<double> want = MatVec(xd, w.f, M, N, K);
+      for (int64_t i = 0; i < M * N; ++i) want[i] += r.f[i];
+      EXPECT_LT(RelErrorNorm(y, ToFloats(want)), kTol);
+      std::vector<float> zwant(M * N);
+      for (int64_t m = 0; m < M; ++m) {
+        double ss = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const double v = y[m * N + n];
+          zwant[m * N + n] = static_cast<float>(v * g.f[n]);
+          ss += v * v;
+        }
+        const double got = static_cast<double>(sq[0][m]) / cuda::kNormSumScale;
+        EXPECT_NEAR(got, ss, 1e-4 * ss + 1e-3) << "row " << m << " sum of squares";
+        EXPECT_EQ(sq[0][kRows + m], 0u) << "row " << m << " of sq_clear";
+      }
+      EXPECT_LT(RelErrorNorm(z, zwant), kTol);
     }
   cudaFree(dsq);
 }

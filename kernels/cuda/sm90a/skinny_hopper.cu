@@ -82,6 +82,14 @@ struct SkinnyHopperParams {
   int M, N_out;          // N_out: output features (plain N, SwiGLU I)
   int k_tiles_per_rank;  // K tiles of 64 per cluster rank
   int k_tiles;           // of the whole K
+  // The producer's decode epilogue (plain only; GemvFusion's meaning, null: none):
+  // y += residual; norm_out = y * norm_next as stored, sq_out[row] += its sum of
+  // y^2 (fixed point), sq_clear[row] = 0.
+  const void* residual;
+  const void* norm_next;
+  void* norm_out;
+  unsigned long long* sq_out;
+  unsigned long long* sq_clear;
 };
 
 // map_lo / map_hi: the weight rows of consumer warpgroups 1 / 2 (plain: both
@@ -109,6 +117,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int nk = max(0, min(p.k_tiles, kt0 + p.k_tiles_per_rank) - kt0);
   const int row_hi = kSwiglu ? out0 : out0 + 64;  // map_hi's first row (map_lo's: out0)
 
+  __shared__ unsigned long long sq_s[kTokens];  // this CTA's share of each row's sum of y^2 (sq_out)
+  if (threadIdx.x < kTokens) sq_s[threadIdx.x] = 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       MbarInit(full + 8 * s, 1);
@@ -220,9 +230,28 @@ __global__ void __launch_bounds__(kThreads, 2)
         a += va[r];
         u += vu[r];
       }
-      if constexpr (kSwiglu) a = a / (1.0f + __expf(-a)) * u;
-      y[static_cast<int64_t>(tok) * p.N_out + fo] = FromFloat<T>(a);
+      const int64_t at = static_cast<int64_t>(tok) * p.N_out + fo;
+      if constexpr (kSwiglu) {
+        a = a / (1.0f + __expf(-a)) * u;
+      } else if (p.residual != nullptr) {
+        a += ToFloat(static_cast<const T*>(p.residual)[at]);
+      }
+      const T out = FromFloat<T>(a);
+      y[at] = out;
+      if (!kSwiglu && p.norm_out != nullptr) {  // the norm of the values as stored
+        const float stored = ToFloat(out);
+        static_cast<T*>(p.norm_out)[at] = FromFloat<T>(stored * ToFloat(static_cast<const T*>(p.norm_next)[fo]));
+        // Integer adds: the same sum in any order.
+        atomicAdd(&sq_s[tok], static_cast<unsigned long long>(__float2ull_rn(stored * stored * kNormSumScale)));
+      }
     }
+    if (!kSwiglu && p.sq_out != nullptr) {
+      asm volatile("bar.sync 1, 256;" ::: "memory");  // the consumer warpgroups' adds are in
+      const int tok = threadIdx.x - 128;
+      if (tok < p.M && sq_s[tok] != 0) atomicAdd(p.sq_out + tok, sq_s[tok]);
+    }
+    if (!kSwiglu && p.sq_clear != nullptr && rank == 0 && blockIdx.y == 0 && threadIdx.x - 128 < p.M)
+      p.sq_clear[threadIdx.x - 128] = 0;
   }
   if (ranks > 1) cluster.sync();  // peers may still read this CTA's tile
 }
@@ -256,7 +285,7 @@ CudaStatus CachedMaxActiveClusters(Kernel kernel, int ranks, int* fit) {
 
 template <typename T, bool kSwiglu>
 CudaStatus Launch(const CUtensorMap& mx, const CUtensorMap& mlo, const CUtensorMap& mhi, int64_t M, int64_t N_out,
-                  int64_t K, void* y, cudaStream_t stream) {
+                  int64_t K, void* y, const GemvFusion& f, cudaStream_t stream) {
   auto kernel = SkinnyHopperKernel<T, kSwiglu>;
   if (CudaStatus s =
           FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -284,7 +313,9 @@ CudaStatus Launch(const CUtensorMap& mx, const CUtensorMap& mlo, const CUtensorM
     }
   }
   const int per_rank = (k_tiles + ranks - 1) / ranks;
-  const SkinnyHopperParams hp{y, static_cast<int>(M), static_cast<int>(N_out), per_rank, k_tiles};
+  const SkinnyHopperParams hp{
+      y,        static_cast<int>(M), static_cast<int>(N_out), per_rank, k_tiles, f.residual, f.norm_next, f.norm_out,
+      f.sq_out, f.sq_clear};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(ranks), static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(kThreads);
@@ -304,9 +335,9 @@ CudaStatus Launch(const CUtensorMap& mx, const CUtensorMap& mlo, const CUtensorM
 
 template <bool kSwiglu>
 CudaStatus LaunchDtype(DType dt, const CUtensorMap& mx, const CUtensorMap& mlo, const CUtensorMap& mhi, int64_t M,
-                       int64_t N_out, int64_t K, void* y, cudaStream_t stream) {
-  return dt == DType::kBF16 ? Launch<__nv_bfloat16, kSwiglu>(mx, mlo, mhi, M, N_out, K, y, stream)
-                            : Launch<__half, kSwiglu>(mx, mlo, mhi, M, N_out, K, y, stream);
+                       int64_t N_out, int64_t K, void* y, cudaStream_t stream, const GemvFusion& f = GemvFusion{}) {
+  return dt == DType::kBF16 ? Launch<__nv_bfloat16, kSwiglu>(mx, mlo, mhi, M, N_out, K, y, f, stream)
+                            : Launch<__half, kSwiglu>(mx, mlo, mhi, M, N_out, K, y, f, stream);
 }
 
 }  // namespace
@@ -333,6 +364,21 @@ CudaStatus LaunchSkinnyHopper(DType dtype, int64_t M, int64_t N, int64_t K, cons
   if (CudaStatus s = MakeMap(&mx, dtype, x, M, K); !s.ok()) return s;
   if (CudaStatus s = MakeMap(&mw, dtype, w, N, K); !s.ok()) return s;
   return LaunchDtype<false>(dtype, mx, mw, mw, M, N, K, y, stream);
+}
+
+CudaStatus LaunchSkinnyHopperResidual(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w,
+                                      void* y, const GemvFusion& f, cudaStream_t stream) {
+  if (!SkinnyHopperSupported(dtype, M, N, K, x, w) || !Aligned16(y)) {
+    return CudaStatus::Unsupported("skinny_hopper: needs compute capability 9.0, bf16/fp16, M <= 64, K % 8 == 0");
+  }
+  if (f.residual == nullptr || f.rope_kv || f.sq_in != nullptr || f.norm_weight != nullptr ||
+      (f.norm_out != nullptr) != (f.norm_next != nullptr) || (f.norm_out != nullptr) != (f.sq_out != nullptr) ||
+      (f.sq_out != nullptr) != (f.sq_clear != nullptr))
+    return CudaStatus::Unsupported("skinny_hopper: the residual epilogue (and the next norm's) only");
+  CUtensorMap mx, mw;
+  if (CudaStatus s = MakeMap(&mx, dtype, x, M, K); !s.ok()) return s;
+  if (CudaStatus s = MakeMap(&mw, dtype, w, N, K); !s.ok()) return s;
+  return LaunchDtype<false>(dtype, mx, mw, mw, M, N, K, y, stream, f);
 }
 
 CudaStatus LaunchSkinnyHopperSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,

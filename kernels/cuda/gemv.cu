@@ -644,8 +644,7 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
   p.sq_in = f.sq_in;
   const bool norm = f.norm_weight != nullptr;
   if (norm && f.sq_in != nullptr) return CudaStatus::Unsupported("fused GEMV: norm weight and producer sums");
-  if ((f.norm_out != nullptr) != (f.norm_next != nullptr) || (f.norm_out != nullptr) != (f.sq_out != nullptr) ||
-      (f.sq_out != nullptr) != (f.sq_clear != nullptr))
+  if (!f.NormNextConsistent())
     return CudaStatus::Error("fused GEMV: norm_next, norm_out, sq_out and sq_clear go together");
   if (f.norm_out != nullptr && f.residual == nullptr)
     return CudaStatus::Unsupported("fused GEMV: the next norm's epilogue needs the residual add");

@@ -95,6 +95,13 @@ struct GemvFusion {
   unsigned long long* sq_out = nullptr;
   unsigned long long* sq_clear = nullptr;
   const unsigned long long* sq_in = nullptr;
+
+  // The next norm's epilogue is all of norm_next, norm_out, sq_out and
+  // sq_clear, or none of them.
+  bool NormNextConsistent() const {
+    const bool out = norm_out != nullptr;
+    return out == (norm_next != nullptr) && out == (sq_out != nullptr) && out == (sq_clear != nullptr);
+  }
 };
 // bf16/fp16 only; GemvSupported shapes; Unsupported otherwise.
 CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,

@@ -406,8 +406,7 @@ CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, c
   if (!SkinnyGemmSupported(dtype, M, N, K, x, w) || M > kSkinnyNarrowMaxM)
     return CudaStatus::Unsupported("fused skinny GEMM: unsupported problem");
   if (f.norm_weight != nullptr) return CudaStatus::Unsupported("fused skinny GEMM: no folded norm");
-  if ((f.norm_out != nullptr) != (f.norm_next != nullptr) || (f.norm_out != nullptr) != (f.sq_out != nullptr) ||
-      (f.sq_out != nullptr) != (f.sq_clear != nullptr))
+  if (!f.NormNextConsistent())
     return CudaStatus::Error("fused skinny GEMM: norm_next, norm_out, sq_out and sq_clear go together");
   if (f.norm_out != nullptr && f.residual == nullptr)
     return CudaStatus::Unsupported("fused skinny GEMM: the next norm's epilogue needs the residual add");

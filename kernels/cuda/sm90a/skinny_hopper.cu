@@ -371,9 +371,7 @@ CudaStatus LaunchSkinnyHopperResidual(DType dtype, int64_t M, int64_t N, int64_t
   if (!SkinnyHopperSupported(dtype, M, N, K, x, w) || !Aligned16(y)) {
     return CudaStatus::Unsupported("skinny_hopper: needs compute capability 9.0, bf16/fp16, M <= 64, K % 8 == 0");
   }
-  if (f.residual == nullptr || f.rope_kv || f.sq_in != nullptr || f.norm_weight != nullptr ||
-      (f.norm_out != nullptr) != (f.norm_next != nullptr) || (f.norm_out != nullptr) != (f.sq_out != nullptr) ||
-      (f.sq_out != nullptr) != (f.sq_clear != nullptr))
+  if (f.residual == nullptr || f.rope_kv || f.sq_in != nullptr || f.norm_weight != nullptr || !f.NormNextConsistent())
     return CudaStatus::Unsupported("skinny_hopper: the residual epilogue (and the next norm's) only");
   CUtensorMap mx, mw;
   if (CudaStatus s = MakeMap(&mx, dtype, x, M, K); !s.ok()) return s;

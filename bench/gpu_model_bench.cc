@@ -25,6 +25,7 @@
 //      unless FS_TP_LIST starts higher), and prefill scaling efficiency
 //      t1 / (N tN) against it.
 // FS_BENCH=decode|prefill|chunk|engine|8b|gemm|tp: that section only.
+// FS_DECODE_BATCHES=1,40,64: section 1's batch sizes (up to 64).
 // FS_TUNE=1: runners on tuned configs (the model's envelope tuned first).
 // FS_TP=N: runners split over N GPUs (tensor parallelism over NCCL; N=1
 // takes that path on one GPU: what the rank thread and a one-rank
@@ -219,8 +220,19 @@ void DecodeTable(const ModelConfig& c, double bw) {
               c.NumParameters() * 2 / 1e9, std::chrono::duration<double>(Clock::now() - t0).count());
   const double weight_bytes = static_cast<double>(c.NumParameters()) * 2;
   std::printf("%4s %6s %10s %10s %8s %10s\n", "B", "ctx", "step_ms", "floor_ms", "%floor", "tokens/s");
+  std::vector<int64_t> batches = {1, 2, 4, 16, 64};
+  if (const char* e = std::getenv("FS_DECODE_BATCHES")) {  // e.g. FS_DECODE_BATCHES=40,64
+    batches.clear();
+    for (const char* q = e; *q != '\0';) {
+      char* end = nullptr;
+      const long b = std::strtol(q, &end, 10);
+      if (end == q) break;
+      if (b >= 1 && b <= maxB) batches.push_back(b);
+      q = *end == ',' ? end + 1 : end;
+    }
+  }
   for (int64_t ctx : {128, 2048}) {
-    for (int64_t B : {1, 2, 4, 16, 64}) {
+    for (int64_t B : batches) {
       Batch batch(B, ctx - 1, 1, per_seq, c.vocab);  // attends over ctx keys
       const double med = MedianForwardMs(*r, batch.seqs);
       const double kv_bytes = static_cast<double>(B) * ctx * c.layers * c.kv_dim() * 2 * 2;

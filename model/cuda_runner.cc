@@ -77,6 +77,7 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/skinny_hopper.h"
 #include "kernels/cuda/tp_add_norm.h"
 #include "kernels/cuda/tuned_configs.h"
 #include "model/cuda_rank.h"
@@ -935,6 +936,12 @@ class CudaModelRunner final : public ModelRunner {
       return DecodePath::kGemv;
     if (M <= cuda::kSkinnyNarrowMaxM && (path == LinearPath::kDefault || (path == LinearPath::kSkinny && algo == 0)))
       return DecodePath::kSkinny;
+    // 33-64 rows: the layers' projections on the Hopper skinny kernel, whose
+    // epilogues save the norm and rope kernels (kDecodeSkinnyWide).
+    if ((fuse_ & CudaModelRunnerOptions::kDecodeSkinnyWide) != 0 && k != ModelKernel::kLmHead &&
+        M <= cuda::kSkinnyMaxM && cuda::SkinnyHopperAvailable() &&
+        (path == LinearPath::kDefault || path == LinearPath::kSkinny))
+      return DecodePath::kSkinny;
     return DecodePath::kOther;
   }
 
@@ -1512,7 +1519,7 @@ class CudaModelRunner final : public ModelRunner {
   DeviceBuffer greedy_, argmax_ws_;
   // The norm sums (GemvFusion::sq_out) o_proj and down pass to the next
   // projection: o_proj's [kNormSumsRows] rows, then down's.
-  static constexpr int64_t kNormSumsRows = std::max(cuda::kGemvMaxM, cuda::kSkinnyNarrowMaxM);
+  static constexpr int64_t kNormSumsRows = std::max(cuda::kGemvMaxM, cuda::kSkinnyMaxM);
   static constexpr size_t kNormSumsBytes = 2 * kNormSumsRows * sizeof(unsigned long long);
   DeviceBuffer sq_;
   PinnedBuffer hgreedy_;

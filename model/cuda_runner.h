@@ -57,6 +57,12 @@ struct CudaModelRunnerOptions {
   //                    skinny GEMM (skinny_gemm.h: the built-in rule there)
   //                    take the fused layers too, with the rope and norm
   //                    epilogues on that kernel.
+  //   kDecodeSkinnyWide  (with kDecodeSkinny; Hopper) steps of 33-64 rows
+  //                    run the layers' four projections on the Hopper skinny
+  //                    kernel with the same epilogues (the built-in rule
+  //                    there would put QKV and o_proj on cuBLASLt, with the
+  //                    norm and rope kernels around them); the LM head keeps
+  //                    its own path.
   // 0, or FUSEDSERVE_DECODE_FUSION=<mask> in the environment (which wins):
   // the unfused kernels, the reference. Default: rope + norm epilogues, also
   // on the skinny GEMM.
@@ -66,7 +72,7 @@ struct CudaModelRunnerOptions {
   // 1.239, rope + norm folded 1.293 (the folded SwiGLU GEMV ran ~3 us slower
   // a layer). Every mask is tested.
   static constexpr int kDecodeFuseRope = 1, kDecodeFuseNorm = 2, kDecodeMegakernel = 4, kDecodeNormEpilogue = 8,
-                       kDecodeSkinny = 16;
+                       kDecodeSkinny = 16, kDecodeSkinnyWide = 32;
   int decode_fusion = kDecodeFuseRope | kDecodeNormEpilogue | kDecodeSkinny;
   // Kernel configs by (op, dtype, TuningKey) (the server's tuning cache,
   // TuningService::counted_lookup). Each kernel of model/kernel_shapes.h is

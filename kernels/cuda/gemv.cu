@@ -14,6 +14,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/rope_kv_epilogue.cuh"
 
 namespace fusedserve::cuda {
 namespace {
@@ -258,11 +259,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
           if (has1) g1 = ToFloat(g[r1]);
         }
       } else if constexpr (kMode == kRopeKv) {
-        const int D = p.rope.D, h = static_cast<int>(r0 / D);
-        if (h < p.rope.Hq + p.rope.Hkv) {
-          const int i = static_cast<int>(r0 - static_cast<int64_t>(h) * D) / 2;
-          cs = p.rope.cos_sin[static_cast<int64_t>(p.rope.positions[lane]) * (D / 2) + i];
-        }
+        cs = RopeKvCosSin(p.rope, r0, p.rope.positions[lane]);
         if (p.rope.slots != nullptr) slot = p.rope.slots[lane];
       }
     }
@@ -372,36 +369,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
             sumsq = fmaf(a0, a0, fmaf(a1, a1, sumsq));
           }
         } else if constexpr (kMode == kRopeKv) {
-          // Rows r0, r0 + 1 are one head's elements (i, i + D/2) for q and k
-          // heads (the weight rows interleaved so), (e, e + 1) for v heads.
-          const GemvRopeKv& rp = p.rope;
-          const int D = rp.D, half = D / 2;
-          const int h = static_cast<int>(r0 / D), e = static_cast<int>(r0 - static_cast<int64_t>(h) * D);
-          if (h < rp.Hq + rp.Hkv) {
-            const int i = e / 2;
-            const T ta = FromFloat<T>(v0 * cs.x - v1 * cs.y), tb = FromFloat<T>(v1 * cs.x + v0 * cs.y);
-            auto put = [&](void* base, int64_t row, int heads, int hh) {
-              T* r = static_cast<T*>(base) + (row * heads + hh) * D;
-              r[i] = ta;
-              r[i + half] = tb;
-            };
-            if (h < rp.Hq) {
-              put(rp.q, m, rp.Hq, h);
-            } else {
-              if (rp.k != nullptr) put(rp.k, m, rp.Hkv, h - rp.Hq);
-              if (slot >= 0) put(rp.k_cache, slot, rp.Hkv, h - rp.Hq);
-            }
-          } else {
-            const int vh = h - rp.Hq - rp.Hkv;
-            const T ta = FromFloat<T>(v0), tb = FromFloat<T>(v1);
-            auto put = [&](void* base, int64_t row) {
-              T* r = static_cast<T*>(base) + (row * rp.Hkv + vh) * D + e;
-              r[0] = ta;
-              r[1] = tb;
-            };
-            if (rp.v != nullptr) put(rp.v, m);
-            if (slot >= 0) put(rp.v_cache, slot);
-          }
+          RopeKvStorePair<T>(p.rope, v0, v1, r0, m, cs, slot);  // rows r0, r0 + 1: a rotation pair (or two v elements)
         } else {
           const T* bias = static_cast<const T*>(p.bias);
           y[m * p.N + r0] = FromFloat<T>(Act(v0 + (bias ? ToFloat(bias[r0]) : 0.0f), p.act));

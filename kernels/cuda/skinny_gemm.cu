@@ -403,7 +403,7 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
 
 CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                                  const GemvFusion& f, cudaStream_t stream) {
-  if (!SkinnyGemmSupported(dtype, M, N, K, x, w) || M > kSkinnyNarrowMaxM)
+  if (!SkinnyGemmSupported(dtype, M, N, K, x, w))
     return CudaStatus::Unsupported("fused skinny GEMM: unsupported problem");
   if (f.norm_weight != nullptr) return CudaStatus::Unsupported("fused skinny GEMM: no folded norm");
   if (!f.NormNextConsistent())
@@ -423,8 +423,10 @@ CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, c
   } else if (y == nullptr) {
     return CudaStatus::Error("fused skinny GEMM: no output");
   }
-  if (SkinnyHopperProducer(M, N, K, f) && SkinnyHopperSupported(dtype, M, N, K, x, w) && Aligned16(y))
-    return LaunchSkinnyHopperResidual(dtype, M, N, K, x, w, y, f, stream);
+  // Above the narrow kernel's rows SkinnyGemmSupported implies the Hopper kernel.
+  if (M > kSkinnyNarrowMaxM ||
+      (SkinnyHopperProducer(M, N, K, f) && SkinnyHopperSupported(dtype, M, N, K, x, w) && Aligned16(y)))
+    return LaunchSkinnyHopperFused(dtype, M, N, K, x, w, y, f, stream);
   SkinnyParams p = PlainParams(x, w, y, M, N, K);
   p.residual = f.residual;
   p.norm_next = f.norm_next;
@@ -440,10 +442,11 @@ CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, c
 
 CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
                                    void* h, const GemvFusion& f, cudaStream_t stream) {
-  if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up) || M > kSkinnyNarrowMaxM)
+  if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up))
     return CudaStatus::Unsupported("fused skinny SwiGLU: unsupported problem");
   if (f.residual != nullptr || f.rope_kv || f.norm_out != nullptr || f.norm_weight != nullptr)
     return CudaStatus::Unsupported("fused skinny SwiGLU: only a producer's sums");
+  if (M > kSkinnyNarrowMaxM) return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream, f);
   SkinnyParams p = PlainParams(x, gate_up, h, M, I, D);
   p.sq_in = f.sq_in;
   p.eps = f.eps;

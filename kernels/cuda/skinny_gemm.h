@@ -58,14 +58,15 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
 
 // The decode step's fusions (gemv.h's GemvFusion: residual, norm_next /
 // norm_out / sq_out / sq_clear, sq_in, rope_kv with head dims a multiple of
-// 16; not a folded norm_weight) on this file's kernel, M <= kSkinnyNarrowMaxM:
-// the same epilogues as the GEMV, so a step of 2 to 32 rows also drops the
-// norm and rope kernels between projections. A long-K producer (down: K >=
-// 2N, residual and next-norm epilogue) above 8 rows runs the Hopper skinny
-// kernel instead where there is one (LaunchSkinnyHopperResidual).
+// 16; not a folded norm_weight): the same epilogues as the GEMV, so a step of
+// 2 to 64 rows also drops the norm and rope kernels between projections.
+// This file's kernel up to kSkinnyNarrowMaxM rows, the Hopper skinny kernel
+// above (LaunchSkinnyHopperFused) and for a long-K producer (down: K >= 2N,
+// residual and next-norm epilogue) above 8 rows.
 CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                                  const GemvFusion& f, cudaStream_t stream);
-// LaunchSkinnySwiglu with a producer's sums (f.sq_in, f.eps); f's other fields unset.
+// LaunchSkinnySwiglu with a producer's sums (f.sq_in, f.eps); f's other fields
+// unset. The Hopper kernel above kSkinnyNarrowMaxM rows.
 CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
                                    void* h, const GemvFusion& f, cudaStream_t stream);
 

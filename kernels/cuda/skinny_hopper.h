@@ -19,9 +19,11 @@
 // (deterministic, no workspace). The SwiGLU form computes 64 gate and the
 // matching 64 up features per CTA and writes silu(g) * u.
 //
-// It also runs the fused down projection of 9-32 row decode steps, where it
-// keeps more weight tiles in flight than the register kernel's two- and
-// four-tile forms (LaunchSkinnyHopperResidual; -1% on the H200's B=16 step).
+// It also takes the decode step's epilogues (LaunchSkinnyHopperFused): the
+// fused layers of 33-64 row steps run every projection on it, and 9-32 row
+// steps their down projection, where it keeps more weight tiles in flight
+// than the register kernel's two- and four-tile forms (-1% on the H200's
+// B=16 step).
 //
 // Measured on the H100 (bench/notes/decode_fusion.md): at 64 rows 0.93-0.98x
 // cuBLASLt on the large projections alone and 0.7-0.8x on the small ones; in
@@ -59,16 +61,18 @@ bool SkinnyHopperSupported(DType dtype, int64_t M, int64_t N, int64_t K, const v
 CudaStatus LaunchSkinnyHopper(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                               cudaStream_t stream);
 
-// y = x . w^T + residual with the next norm's epilogue (a decode producer:
-// GemvFusion's residual and, together, norm_next, norm_out, sq_out and
-// sq_clear; nothing else). Each CTA adds its share of a row's sum of y^2 as
-// fixed point, so the sums are deterministic.
-CudaStatus LaunchSkinnyHopperResidual(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w,
-                                      void* y, const GemvFusion& f, cudaStream_t stream);
+// y = x . w^T with gemv.h's decode epilogues except a folded norm_weight: a
+// producer's residual add (with or without the next norm's norm_next,
+// norm_out, sq_out, sq_clear; each CTA adds its share of a row's sum of y^2
+// as fixed point, so the sums are deterministic), a consumer's sq_in, and
+// the rope + paged-cache epilogue (y unused; q/k head rows interleaved).
+CudaStatus LaunchSkinnyHopperFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                                   const GemvFusion& f, cudaStream_t stream);
 
-// h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up].
+// h = silu(x . gate^T) * (x . up^T) with gate_up = [gate; up]; f: only a
+// producer's sums (sq_in, eps), both products scaled by the rows' rstd.
 //   x [M,D]; gate_up [2I,D]; h [M,I]   (SkinnyHopperSupported(dtype, M, I, D, ...))
 CudaStatus LaunchSkinnyHopperSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
-                                    void* h, cudaStream_t stream);
+                                    void* h, cudaStream_t stream, const GemvFusion& f = GemvFusion{});
 
 }  // namespace fusedserve::cuda

@@ -2,9 +2,11 @@
 // LaunchGemvSwigluFused) against host references in double: the RMS norm
 // folded into the GEMV, the residual epilogue, the SwiGLU gate on the normed
 // x, and the QKV epilogue with rope and the paged KV-cache write (and the
-// norm epilogues on the narrow skinny GEMM, skinny_gemm.h). bf16 and
-// fp16, one row and several (the kernel's M tiles 1, 2, 4, 8), fresh random
-// inputs per case, outputs poisoned (NaN) before each launch. Skips without a GPU.
+// norm epilogues on the skinny GEMMs, skinny_gemm.h: the narrow kernel up to
+// 32 rows, the Hopper kernel of skinny_hopper.h above on a compute
+// capability 9.0 device). bf16 and fp16, one row and several (the kernel's M
+// tiles 1, 2, 4, 8), fresh random inputs per case, outputs poisoned (NaN)
+// before each launch. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +20,7 @@
 
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "kernels/cuda/skinny_hopper.h"
 #include "kernels/dtype.h"
 #include "tests/gpu/rel_error.h"
 
@@ -126,6 +129,14 @@ cuda::GemvFusion Producer(const void* residual, const void* g, void* z, unsigned
   return f;
 }
 
+// Rows of the skinny GEMM's fused cases: one and several 8-row token tiles of
+// the narrow kernel, and the Hopper kernel's 33-64 where there is one.
+std::vector<int64_t> SkinnyRows() {
+  std::vector<int64_t> rows = {2, 5, 16, 17, 32};
+  if (cuda::SkinnyHopperAvailable()) rows.insert(rows.end(), {33, 48, 64});
+  return rows;
+}
+
 class GemvFusedTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
@@ -205,13 +216,13 @@ TEST_P(GemvFusedTest, SwigluNorm) {
 TEST_P(GemvFusedTest, NormThroughEpilogues) {
   const DType dt = GetParam();
   std::mt19937 rng(15);
-  constexpr int64_t kRows = cuda::kSkinnyNarrowMaxM;
+  constexpr int64_t kRows = cuda::kSkinnyMaxM;
   unsigned long long* dsq = nullptr;  // [0, kRows): the producer's sums, [kRows, 2 kRows): the ones it clears
   ASSERT_EQ(cudaMalloc(&dsq, 2 * kRows * sizeof(unsigned long long)), cudaSuccess);
-  // The GEMV at its M tiles, the narrow skinny GEMM (skinny_gemm.h: the same
-  // fusions for 2-32 rows) at one and several 8-row token tiles, odd N tails.
+  // The GEMV at its M tiles, the skinny GEMMs (skinny_gemm.h: the same
+  // fusions for 2-64 rows), odd N tails.
   for (bool skinny : {false, true})
-    for (int64_t M : skinny ? std::vector<int64_t>{2, 5, 16, 17, 32} : std::vector<int64_t>{1, 3, 8}) {
+    for (int64_t M : skinny ? SkinnyRows() : std::vector<int64_t>{1, 3, 8}) {
       SCOPED_TRACE(std::string(skinny ? "skinny" : "GEMV") + " M " + std::to_string(M));
       const int64_t K = 1536, D = 2048, N = skinny ? 1008 : 1001, I = 1536;
       Host x(dt, M * K, rng, 1.0f), w(dt, D * K, rng, 0.05f), r(dt, M * D, rng, 2.0f), g(dt, D, rng, 1.0f);
@@ -257,7 +268,7 @@ TEST_P(GemvFusedTest, NormThroughEpilogues) {
   cudaFree(dsq);
 }
 
-// A long-K producer above one token tile (down: K >= 2N, 9-32 rows), which
+// A long-K producer above one token tile (down: K >= 2N, 9-64 rows), which
 // LaunchSkinnyGemmFused hands to the Hopper skinny kernel where there is one:
 // y = x . w^T + residual, z = y * g as stored, each row's sum of y^2 as
 // stored in sq_out (fixed point), sq_clear zeroed; a second run gives the
@@ -265,10 +276,12 @@ TEST_P(GemvFusedTest, NormThroughEpilogues) {
 TEST_P(GemvFusedTest, LongKProducer) {
   const DType dt = GetParam();
   std::mt19937 rng(16);
-  constexpr int64_t kRows = cuda::kSkinnyNarrowMaxM;
+  constexpr int64_t kRows = cuda::kSkinnyMaxM;
   unsigned long long* dsq = nullptr;
   ASSERT_EQ(cudaMalloc(&dsq, 2 * kRows * sizeof(unsigned long long)), cudaSuccess);
-  for (int64_t M : {9, 16, 17, 32})
+  std::vector<int64_t> rows = {9, 16, 17, 32};
+  if (cuda::SkinnyHopperAvailable()) rows.insert(rows.end(), {40, 64});
+  for (int64_t M : rows)
     for (int64_t N : {2048, 1040}) {
       SCOPED_TRACE("M " + std::to_string(M) + " N " + std::to_string(N));
       const int64_t K = 8192;
@@ -312,7 +325,7 @@ TEST_P(GemvFusedTest, LongKProducer) {
 }
 
 // QKV with the norm folded in (the GEMV) or a producer's norm sums (the
-// narrow skinny GEMM: x * weight in, sq_in) and the rope + paged cache
+// skinny GEMMs: x * weight in, sq_in) and the rope + paged cache
 // epilogue: q (and dense k/v when asked) and the cache rows of each token's
 // slot against qkv = rms_norm(x) . W^T (W in the plain order; the device gets
 // its q/k head rows interleaved) rotated with a host cos/sin table; other
@@ -322,11 +335,13 @@ TEST_P(GemvFusedTest, QkvRopeKvCache) {
   std::mt19937 rng(14);
   for (bool skinny : {false, true})
     for (int D : {64, 128}) {
-      for (int64_t M : skinny ? std::vector<int64_t>{2, 5, 16, 17, 32} : std::vector<int64_t>{1, 3, 8}) {
+      for (int64_t M : skinny ? SkinnyRows() : std::vector<int64_t>{1, 3, 8}) {
         for (bool dense : {false, true}) {
           SCOPED_TRACE(std::string(skinny ? "skinny" : "GEMV") + " D " + std::to_string(D) + " M " + std::to_string(M) +
                        (dense ? " dense" : ""));
-          const int Hq = 8, Hkv = 2, K = 512, half = D / 2, max_pos = 300, num_slots = 64;
+          // K = 896: 14 k tiles, so the Hopper kernel splits K over 7 ranks,
+          // an odd share of features a rank before its pairs are rounded.
+          const int Hq = 8, Hkv = 2, K = 896, half = D / 2, max_pos = 300, num_slots = 64;
           const int64_t N = static_cast<int64_t>(Hq + 2 * Hkv) * D;
           Host x(dt, M * K, rng, 2.0f), w(dt, N * K, rng, 0.05f), g(dt, K, rng, 1.0f);
           // Interleave each q/k head's rows i and i + D/2.

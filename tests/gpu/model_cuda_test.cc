@@ -350,26 +350,28 @@ TEST_P(ModelCudaTest, GreedyDecodeMixedBatch) {
 // run every layer in the decode megakernel) against the unfused kernels and
 // the CPU runner: decode steps of 1, 2 and 4 sequences on the GEMV (forced
 // by a tuned config above one row; the unfused reference on the built-in
-// rule), and of 2, 4 and 16 on the narrow skinny GEMM (the built-in rule,
-// kDecodeSkinny), from graphs and eagerly, logits of every step. (The environment's
-// FUSEDSERVE_DECODE_FUSION, when set, overrides every runner's mask.)
+// rule), of 2, 4 and 16 on the narrow skinny GEMM (the built-in rule,
+// kDecodeSkinny), and of 40 and 64 on the Hopper skinny kernel where there is
+// one (kDecodeSkinnyWide; elsewhere those steps run unfused), from graphs and
+// eagerly, logits of every step. (The environment's FUSEDSERVE_DECODE_FUSION,
+// when set, overrides every runner's mask.)
 TEST_P(ModelCudaTest, FusedDecodeMatchesUnfused) {
   const ModelConfig c = Config();
   const int64_t bs = 16;
   constexpr int kMega = CudaModelRunnerOptions::kDecodeMegakernel;
   constexpr int kNormEpi = CudaModelRunnerOptions::kDecodeNormEpilogue;
-  constexpr int kSkinny = CudaModelRunnerOptions::kDecodeSkinny;
-  // The fusions need every layer projection on the GEMV or the narrow skinny
-  // GEMM: the built-in rule gives the GEMV one row and the skinny GEMM 2-32;
-  // a tuned config (forced here: "GEMV") gives the GEMV more.
+  constexpr int kSkinny = CudaModelRunnerOptions::kDecodeSkinny | CudaModelRunnerOptions::kDecodeSkinnyWide;
+  // The fusions need every layer projection on the GEMV or a skinny GEMM: the
+  // built-in rule gives the GEMV one row and the skinny GEMMs 2-64; a tuned
+  // config (forced here: "GEMV") gives the GEMV more.
   ConfigLookup gemv = [](const std::string& op, DType, const std::vector<int64_t>&) -> std::string {
     return op == "linear" ? "p1.a0" : op == "swiglu_mlp" ? "p1" : "";
   };
   for (int mask : {1, 2, 3, kMega | 1, kMega | 2, kNormEpi, kNormEpi | 1, kMega | kNormEpi | 1})
     for (bool graphs : {true, false})
       for (bool forced : {true, false})
-        for (int64_t B : {1, 2, 4, 16}) {
-          if ((!graphs && B == 2) || (forced && B == 16) || (!forced && (B == 1 || (mask & (kMega | 2)) != 0)))
+        for (int64_t B : {1, 2, 4, 16, 40, 64}) {
+          if ((!graphs && B == 2) || (forced && B >= 16) || (!forced && (B == 1 || (mask & (kMega | 2)) != 0)))
             continue;
           Pair fused = MakePair(c, 4 * B, bs, graphs, forced ? gemv : nullptr, false, forced ? mask : mask | kSkinny);
           Pair plain = MakePair(c, 4 * B, bs, graphs, nullptr, false, /*decode_fusion=*/0);

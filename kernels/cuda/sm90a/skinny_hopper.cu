@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/rope_kv_epilogue.cuh"
 #include "kernels/cuda/skinny_hopper.h"
 #include "kernels/cuda/sm90a/hopper.cuh"
 
@@ -82,14 +83,20 @@ struct SkinnyHopperParams {
   int M, N_out;          // N_out: output features (plain N, SwiGLU I)
   int k_tiles_per_rank;  // K tiles of 64 per cluster rank
   int k_tiles;           // of the whole K
-  // The producer's decode epilogue (plain only; GemvFusion's meaning, null: none):
-  // y += residual; norm_out = y * norm_next as stored, sq_out[row] += its sum of
-  // y^2 (fixed point), sq_clear[row] = 0.
+  // The decode epilogues (GemvFusion's meaning; null / false: none). A
+  // producer (plain only): y += residual; norm_out = y * norm_next as
+  // stored, sq_out[row] += its sum of y^2 (fixed point), sq_clear[row] = 0.
   const void* residual;
   const void* norm_next;
   void* norm_out;
   unsigned long long* sq_out;
   unsigned long long* sq_clear;
+  // A consumer (plain or SwiGLU): the products scaled by rsqrt(sum / K + eps).
+  const unsigned long long* sq_in;
+  float eps, inv_k;
+  // The QKV epilogue (plain only; y unused): rope, q and the paged cache rows.
+  bool rope_kv;
+  GemvRopeKv rope;
 };
 
 // map_lo / map_hi: the weight rows of consumer warpgroups 1 / 2 (plain: both
@@ -118,6 +125,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int row_hi = kSwiglu ? out0 : out0 + 64;  // map_hi's first row (map_lo's: out0)
 
   __shared__ unsigned long long sq_s[kTokens];  // this CTA's share of each row's sum of y^2 (sq_out)
+  __shared__ float rstd_s[kTokens];             // sq_in's rstd of each row
   if (threadIdx.x < kTokens) sq_s[threadIdx.x] = 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -207,51 +215,76 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
   if (wg > 0) {
-    const int per = (kOutPerCta + ranks - 1) / ranks;
+    // The epilogue's operands (the residual, a producer's sums, positions)
+    // come from earlier kernels: wait for them as the producer did (free by
+    // now, after every tile's x).
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    const int ct = threadIdx.x - 128;  // consumer thread 0..255
+    if (p.sq_in != nullptr) {
+      if (ct < p.M) rstd_s[ct] = rsqrtf(static_cast<float>(__ldcg(p.sq_in + ct)) / kNormSumScale * p.inv_k + p.eps);
+      asm volatile("bar.sync 2, 256;" ::: "memory");
+    }
+    // Features per rank even, so a rope pair stays with one thread.
+    const int per = ((kOutPerCta + ranks - 1) / ranks + 1) & ~1;
     const int f_begin = rank * per, n_f = min(per, kOutPerCta - f_begin);
-    T* const y = static_cast<T*>(p.y);
-    for (int idx = threadIdx.x - 128; idx < p.M * n_f; idx += kThreads - 128) {
-      const int tok = idx / n_f, fl = f_begin + idx % n_f;
-      const int fo = out0 + fl;
-      if (fo >= p.N_out) continue;
-      // Every rank's value is loaded before the first add: one round trip
-      // over the cluster's shared-memory network, not `ranks`.
-      const int e = tok * kPartialStride + fl;
-      float va[kMaxRanks], vu[kMaxRanks];
+    // The sum over the ranks of accumulator element e (+ d), every rank's
+    // value loaded before the first add: one round trip over the cluster's
+    // shared-memory network, not `ranks`.
+    auto reduce = [&](int e, int d) {
+      float v[kMaxRanks];
 #pragma unroll
       for (int r = 0; r < kMaxRanks; ++r) {
         const float* src = r >= ranks ? nullptr : ranks > 1 ? cluster.map_shared_rank(partial, r) : partial;
-        va[r] = src != nullptr ? src[e] : 0.0f;
-        vu[r] = kSwiglu && src != nullptr ? src[e + 64] : 0.0f;
+        v[r] = src != nullptr ? src[e + d] : 0.0f;
       }
-      float a = 0.0f, u = 0.0f;
+      float a = 0.0f;
 #pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) {
-        a += va[r];
-        u += vu[r];
+      for (int r = 0; r < kMaxRanks; ++r) a += v[r];
+      return a;
+    };
+    T* const y = static_cast<T*>(p.y);
+    if (!kSwiglu && p.rope_kv) {  // feature pairs (f, f + 1), f even
+      const int n_pairs = max(n_f, 0) / 2;
+      for (int idx = ct; idx < p.M * n_pairs; idx += kThreads - 128) {
+        const int tok = idx / n_pairs, fl = f_begin + 2 * (idx % n_pairs);
+        const int fo = out0 + fl;
+        if (fo >= p.N_out) continue;
+        const int e = tok * kPartialStride + fl;
+        const float r = p.sq_in != nullptr ? rstd_s[tok] : 1.0f;
+        const float v0 = reduce(e, 0) * r, v1 = reduce(e, 1) * r;
+        const int slot = p.rope.slots != nullptr ? p.rope.slots[tok] : -1;
+        RopeKvStorePair<T>(p.rope, v0, v1, fo, tok, RopeKvCosSin(p.rope, fo, p.rope.positions[tok]), slot);
       }
-      const int64_t at = static_cast<int64_t>(tok) * p.N_out + fo;
-      if constexpr (kSwiglu) {
-        a = a / (1.0f + __expf(-a)) * u;
-      } else if (p.residual != nullptr) {
-        a += ToFloat(static_cast<const T*>(p.residual)[at]);
-      }
-      const T out = FromFloat<T>(a);
-      y[at] = out;
-      if (!kSwiglu && p.norm_out != nullptr) {  // the norm of the values as stored
-        const float stored = ToFloat(out);
-        static_cast<T*>(p.norm_out)[at] = FromFloat<T>(stored * ToFloat(static_cast<const T*>(p.norm_next)[fo]));
-        // Integer adds: the same sum in any order.
-        atomicAdd(&sq_s[tok], static_cast<unsigned long long>(__float2ull_rn(stored * stored * kNormSumScale)));
+    } else {
+      for (int idx = ct; idx < p.M * n_f; idx += kThreads - 128) {
+        const int tok = idx / n_f, fl = f_begin + idx % n_f;
+        const int fo = out0 + fl;
+        if (fo >= p.N_out) continue;
+        const int e = tok * kPartialStride + fl;
+        const float r = p.sq_in != nullptr ? rstd_s[tok] : 1.0f;
+        float a = reduce(e, 0) * r;
+        const int64_t at = static_cast<int64_t>(tok) * p.N_out + fo;
+        if constexpr (kSwiglu) {
+          const float u = reduce(e, 64) * r;
+          a = a / (1.0f + __expf(-a)) * u;
+        } else if (p.residual != nullptr) {
+          a += ToFloat(static_cast<const T*>(p.residual)[at]);
+        }
+        const T out = FromFloat<T>(a);
+        y[at] = out;
+        if (!kSwiglu && p.norm_out != nullptr) {  // the norm of the values as stored
+          const float stored = ToFloat(out);
+          static_cast<T*>(p.norm_out)[at] = FromFloat<T>(stored * ToFloat(static_cast<const T*>(p.norm_next)[fo]));
+          // Integer adds: the same sum in any order.
+          atomicAdd(&sq_s[tok], static_cast<unsigned long long>(__float2ull_rn(stored * stored * kNormSumScale)));
+        }
       }
     }
     if (!kSwiglu && p.sq_out != nullptr) {
       asm volatile("bar.sync 1, 256;" ::: "memory");  // the consumer warpgroups' adds are in
-      const int tok = threadIdx.x - 128;
-      if (tok < p.M && sq_s[tok] != 0) atomicAdd(p.sq_out + tok, sq_s[tok]);
+      if (ct < p.M && sq_s[ct] != 0) atomicAdd(p.sq_out + ct, sq_s[ct]);
     }
-    if (!kSwiglu && p.sq_clear != nullptr && rank == 0 && blockIdx.y == 0 && threadIdx.x - 128 < p.M)
-      p.sq_clear[threadIdx.x - 128] = 0;
+    if (!kSwiglu && p.sq_clear != nullptr && rank == 0 && blockIdx.y == 0 && ct < p.M) p.sq_clear[ct] = 0;
   }
   if (ranks > 1) cluster.sync();  // peers may still read this CTA's tile
 }
@@ -313,9 +346,22 @@ CudaStatus Launch(const CUtensorMap& mx, const CUtensorMap& mlo, const CUtensorM
     }
   }
   const int per_rank = (k_tiles + ranks - 1) / ranks;
-  const SkinnyHopperParams hp{
-      y,        static_cast<int>(M), static_cast<int>(N_out), per_rank, k_tiles, f.residual, f.norm_next, f.norm_out,
-      f.sq_out, f.sq_clear};
+  SkinnyHopperParams hp{};
+  hp.y = y;
+  hp.M = static_cast<int>(M);
+  hp.N_out = static_cast<int>(N_out);
+  hp.k_tiles_per_rank = per_rank;
+  hp.k_tiles = k_tiles;
+  hp.residual = f.residual;
+  hp.norm_next = f.norm_next;
+  hp.norm_out = f.norm_out;
+  hp.sq_out = f.sq_out;
+  hp.sq_clear = f.sq_clear;
+  hp.sq_in = f.sq_in;
+  hp.eps = f.eps;
+  hp.inv_k = 1.0f / static_cast<float>(K);
+  hp.rope_kv = f.rope_kv;
+  hp.rope = f.rope;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(ranks), static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(kThreads);
@@ -366,13 +412,18 @@ CudaStatus LaunchSkinnyHopper(DType dtype, int64_t M, int64_t N, int64_t K, cons
   return LaunchDtype<false>(dtype, mx, mw, mw, M, N, K, y, stream);
 }
 
-CudaStatus LaunchSkinnyHopperResidual(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w,
-                                      void* y, const GemvFusion& f, cudaStream_t stream) {
+CudaStatus LaunchSkinnyHopperFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
+                                   const GemvFusion& f, cudaStream_t stream) {
   if (!SkinnyHopperSupported(dtype, M, N, K, x, w) || !Aligned16(y)) {
     return CudaStatus::Unsupported("skinny_hopper: needs compute capability 9.0, bf16/fp16, M <= 64, K % 8 == 0");
   }
-  if (f.residual == nullptr || f.rope_kv || f.sq_in != nullptr || f.norm_weight != nullptr || !f.NormNextConsistent())
-    return CudaStatus::Unsupported("skinny_hopper: the residual epilogue (and the next norm's) only");
+  if (f.norm_weight != nullptr || !f.NormNextConsistent() || (f.norm_out != nullptr && f.residual == nullptr) ||
+      (f.rope_kv && f.residual != nullptr))
+    return CudaStatus::Unsupported("skinny_hopper: a producer's epilogue, a consumer's sums or rope, no folded norm");
+  if (f.rope_kv &&
+      (f.rope.D <= 0 || f.rope.D % 2 != 0 || N != static_cast<int64_t>(f.rope.Hq + 2 * f.rope.Hkv) * f.rope.D))
+    return CudaStatus::Unsupported("skinny_hopper: rope epilogue shape");
+  if (!f.rope_kv && y == nullptr) return CudaStatus::Error("skinny_hopper: no output");
   CUtensorMap mx, mw;
   if (CudaStatus s = MakeMap(&mx, dtype, x, M, K); !s.ok()) return s;
   if (CudaStatus s = MakeMap(&mw, dtype, w, N, K); !s.ok()) return s;
@@ -380,16 +431,18 @@ CudaStatus LaunchSkinnyHopperResidual(DType dtype, int64_t M, int64_t N, int64_t
 }
 
 CudaStatus LaunchSkinnyHopperSwiglu(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
-                                    void* h, cudaStream_t stream) {
+                                    void* h, cudaStream_t stream, const GemvFusion& f) {
   if (!SkinnyHopperSupported(dtype, M, I, D, x, gate_up) || !Aligned16(h)) {
     return CudaStatus::Unsupported("skinny_hopper: needs compute capability 9.0, bf16/fp16, M <= 64, D % 8 == 0");
   }
+  if (f.residual != nullptr || f.rope_kv || f.norm_out != nullptr || f.norm_weight != nullptr)
+    return CudaStatus::Unsupported("skinny_hopper SwiGLU: only a producer's sums");
   CUtensorMap mx, mg, mu;
   if (CudaStatus s = MakeMap(&mx, dtype, x, M, D); !s.ok()) return s;
   if (CudaStatus s = MakeMap(&mg, dtype, gate_up, I, D); !s.ok()) return s;
   const void* up = static_cast<const uint8_t*>(gate_up) + static_cast<size_t>(I) * D * 2;
   if (CudaStatus s = MakeMap(&mu, dtype, up, I, D); !s.ok()) return s;
-  return LaunchDtype<true>(dtype, mx, mg, mu, M, I, D, h, stream);
+  return LaunchDtype<true>(dtype, mx, mg, mu, M, I, D, h, stream, f);
 }
 
 }  // namespace fusedserve::cuda

@@ -102,6 +102,11 @@ struct GemvFusion {
     const bool out = norm_out != nullptr;
     return out == (norm_next != nullptr) && out == (sq_out != nullptr) && out == (sq_clear != nullptr);
   }
+  // No epilogue but a consumer's sq_in (no residual, rope, next norm's output
+  // or folded norm): what the skinny SwiGLU gates take.
+  bool OnlyConsumerSums() const {
+    return residual == nullptr && !rope_kv && norm_out == nullptr && norm_weight == nullptr;
+  }
 };
 // bf16/fp16 only; GemvSupported shapes; Unsupported otherwise.
 CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,

@@ -444,8 +444,7 @@ CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I,
                                    void* h, const GemvFusion& f, cudaStream_t stream) {
   if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up))
     return CudaStatus::Unsupported("fused skinny SwiGLU: unsupported problem");
-  if (f.residual != nullptr || f.rope_kv || f.norm_out != nullptr || f.norm_weight != nullptr)
-    return CudaStatus::Unsupported("fused skinny SwiGLU: only a producer's sums");
+  if (!f.OnlyConsumerSums()) return CudaStatus::Unsupported("fused skinny SwiGLU: only a producer's sums");
   if (M > kSkinnyNarrowMaxM) return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream, f);
   SkinnyParams p = PlainParams(x, gate_up, h, M, I, D);
   p.sq_in = f.sq_in;

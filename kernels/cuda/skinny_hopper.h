@@ -22,8 +22,8 @@
 // It also takes the decode step's epilogues (LaunchSkinnyHopperFused): the
 // fused layers of 33-64 row steps run every projection on it, and 9-32 row
 // steps their down projection, where it keeps more weight tiles in flight
-// than the register kernel's two- and four-tile forms (-1% on the H200's
-// B=16 step).
+// than the register kernel's two- and four-tile forms (H200: the B=16 step
+// -4%, B=24 -10%).
 //
 // Measured on the H100 (bench/notes/decode_fusion.md): at 64 rows 0.93-0.98x
 // cuBLASLt on the large projections alone and 0.7-0.8x on the small ones; in
@@ -63,7 +63,7 @@ CudaStatus LaunchSkinnyHopper(DType dtype, int64_t M, int64_t N, int64_t K, cons
 
 // y = x . w^T with gemv.h's decode epilogues except a folded norm_weight: a
 // producer's residual add (with or without the next norm's norm_next,
-// norm_out, sq_out, sq_clear; each CTA adds its share of a row's sum of y^2
+// norm_out, sq_out, sq_clear; each warp adds its share of a row's sum of y^2
 // as fixed point, so the sums are deterministic), a consumer's sq_in, and
 // the rope + paged-cache epilogue (y unused; q/k head rows interleaved).
 CudaStatus LaunchSkinnyHopperFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,

@@ -440,8 +440,7 @@ CudaStatus LaunchSkinnyHopperSwiglu(DType dtype, int64_t M, int64_t D, int64_t I
   if (!SkinnyHopperSupported(dtype, M, I, D, x, gate_up) || !Aligned16(h)) {
     return CudaStatus::Unsupported("skinny_hopper: needs compute capability 9.0, bf16/fp16, M <= 64, D % 8 == 0");
   }
-  if (f.residual != nullptr || f.rope_kv || f.norm_out != nullptr || f.norm_weight != nullptr)
-    return CudaStatus::Unsupported("skinny_hopper SwiGLU: only a producer's sums");
+  if (!f.OnlyConsumerSums()) return CudaStatus::Unsupported("skinny_hopper SwiGLU: only a producer's sums");
   CUtensorMap mx, mg, mu;
   if (CudaStatus s = MakeMap(&mx, dtype, x, M, D); !s.ok()) return s;
   if (CudaStatus s = MakeMap(&mg, dtype, gate_up, I, D); !s.ok()) return s;

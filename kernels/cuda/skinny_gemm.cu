@@ -347,18 +347,24 @@ CudaStatus LaunchDtype(DType dtype, const SkinnyParams& p, cudaStream_t stream) 
   }
 }
 
-// The long-K producer (down: K = I >= 2N) of a step above one token tile on
-// the Hopper skinny kernel, which keeps more weight tiles in flight than the
-// two- and four-tile register kernels (measured on an H200 at M = 16, alone:
-// down 12.5 us against 16.2). FUSEDSERVE_SKINNY_HOPPER_DOWN=0: the register
-// kernel.
-bool SkinnyHopperProducer(int64_t M, int64_t N, int64_t K, const GemvFusion& f) {
-  static const bool on = [] {
+// Which fused projections of a step above one token tile run the Hopper
+// skinny kernel instead of the register kernels (FUSEDSERVE_SKINNY_HOPPER_DOWN:
+// 0 none, 1 only the long-K producer, down: K = I >= 2N; else, the default,
+// all of them). Its deeper stream of weight tiles wins (H200, 1B decode step,
+// ctx 128: B=20-32 1.06-1.08 ms against 1.30-1.32 with down alone on it:
+// at 17-32 rows the register kernel's four token tiles leave each warp two
+// weight chunks in flight; 9-16 rows equal).
+int SkinnyHopperMode() {
+  static const int mode = [] {
     const char* e = std::getenv("FUSEDSERVE_SKINNY_HOPPER_DOWN");
-    return e == nullptr || e[0] != '0';
+    return e != nullptr && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
   }();
-  return on && M > 8 && K >= 2 * N && f.residual != nullptr && !f.rope_kv && f.sq_in == nullptr &&
-         SkinnyHopperAvailable();
+  return SkinnyHopperAvailable() ? mode : 0;
+}
+bool SkinnyHopperFused(int64_t M, int64_t N, int64_t K, const GemvFusion& f) {
+  if (M <= 8) return false;
+  const int mode = SkinnyHopperMode();
+  return mode == 2 || (mode == 1 && K >= 2 * N && f.residual != nullptr && !f.rope_kv && f.sq_in == nullptr);
 }
 
 }  // namespace
@@ -425,7 +431,7 @@ CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, c
   }
   // Above the narrow kernel's rows SkinnyGemmSupported implies the Hopper kernel.
   if (M > kSkinnyNarrowMaxM ||
-      (SkinnyHopperProducer(M, N, K, f) && SkinnyHopperSupported(dtype, M, N, K, x, w) && Aligned16(y)))
+      (SkinnyHopperFused(M, N, K, f) && SkinnyHopperSupported(dtype, M, N, K, x, w) && Aligned16(y)))
     return LaunchSkinnyHopperFused(dtype, M, N, K, x, w, y, f, stream);
   SkinnyParams p = PlainParams(x, w, y, M, N, K);
   p.residual = f.residual;
@@ -445,7 +451,9 @@ CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I,
   if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up))
     return CudaStatus::Unsupported("fused skinny SwiGLU: unsupported problem");
   if (!f.OnlyConsumerSums()) return CudaStatus::Unsupported("fused skinny SwiGLU: only a producer's sums");
-  if (M > kSkinnyNarrowMaxM) return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream, f);
+  if (M > kSkinnyNarrowMaxM || (M > 8 && SkinnyHopperMode() == 2 && SkinnyHopperSupported(dtype, M, I, D, x, gate_up) &&
+                                Aligned16(h)))
+    return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream, f);
   SkinnyParams p = PlainParams(x, gate_up, h, M, I, D);
   p.sq_in = f.sq_in;
   p.eps = f.eps;

@@ -60,13 +60,14 @@ CudaStatus LaunchSkinnySwiglu(DType dtype, int64_t M, int64_t D, int64_t I, cons
 // norm_out / sq_out / sq_clear, sq_in, rope_kv with head dims a multiple of
 // 16; not a folded norm_weight): the same epilogues as the GEMV, so a step of
 // 2 to 64 rows also drops the norm and rope kernels between projections.
-// This file's kernel up to kSkinnyNarrowMaxM rows, the Hopper skinny kernel
-// above (LaunchSkinnyHopperFused) and for a long-K producer (down: K >= 2N,
-// residual and next-norm epilogue) above 8 rows.
+// This file's kernel up to 8 rows; above, the Hopper skinny kernel
+// (LaunchSkinnyHopperFused) where there is one, this file's kernel up to
+// kSkinnyNarrowMaxM rows elsewhere (FUSEDSERVE_SKINNY_HOPPER_DOWN in
+// skinny_gemm.cu chooses on Hopper).
 CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, void* y,
                                  const GemvFusion& f, cudaStream_t stream);
 // LaunchSkinnySwiglu with a producer's sums (f.sq_in, f.eps); f's other fields
-// unset. The Hopper kernel above kSkinnyNarrowMaxM rows.
+// unset. Kernels as LaunchSkinnyGemmFused's.
 CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up,
                                    void* h, const GemvFusion& f, cudaStream_t stream);
 

@@ -12,7 +12,8 @@
 // (padded rows: conflict-free stores from the accumulator layout and
 // conflict-free reads), the cluster syncs, and rank r adds up its share of
 // the output features over all ranks in rank order, reading peers' shared
-// memory, then writes whole rows of y (or h) with coalesced stores.
+// memory, four neighbouring features of a row a thread, then writes them
+// (y or h, or the rope and cache rows) with the decode epilogues.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -78,6 +79,57 @@ __device__ __forceinline__ void Wgmma64<__half>(float (&d)[32], uint64_t a, uint
 #undef FS_WGMMA_M64N64K16
 // clang-format on
 
+// The sum over the cluster's ranks (in rank order) of partial[e .. e + 3]:
+// every rank's 16 bytes loaded before the first add, one round trip over
+// the cluster's shared-memory network.
+__device__ __forceinline__ void ReduceRanks4(cg::cluster_group& cluster, float* partial, int ranks, int e,
+                                             float (&out)[4]) {
+  float4 v[kMaxRanks];
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; ++r) {
+    const float* src = r >= ranks ? nullptr : ranks > 1 ? cluster.map_shared_rank(partial, r) : partial;
+    v[r] = src != nullptr ? *reinterpret_cast<const float4*>(src + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  out[0] = out[1] = out[2] = out[3] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kMaxRanks; ++r) {
+    out[0] += v[r].x;
+    out[1] += v[r].y;
+    out[2] += v[r].z;
+    out[3] += v[r].w;
+  }
+}
+
+// Elements at .. at + n - 1 (n <= 4) of a row-major tensor; vec: one 8-byte
+// access (n == 4, at % 4 == 0 and the base 8-byte aligned: the launcher's
+// check). Missing elements read as 0.
+template <typename T>
+__device__ __forceinline__ void Load4(const T* src, int64_t at, int n, bool vec, float (&out)[4]) {
+  if (vec && n == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src + at);
+    const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = ToFloat(t[i]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = i < n ? ToFloat(src[at + i]) : 0.0f;
+}
+template <typename T>
+__device__ __forceinline__ void Store4(T* dst, int64_t at, int n, bool vec, const float (&in)[4]) {
+  if (vec && n == 4) {
+    uint2 raw;
+    T* t = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) t[i] = FromFloat<T>(in[i]);
+    *reinterpret_cast<uint2*>(dst + at) = raw;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (i < n) dst[at + i] = FromFloat<T>(in[i]);
+}
+
 struct SkinnyHopperParams {
   void* y;               // [M, N_out]
   int M, N_out;          // N_out: output features (plain N, SwiGLU I)
@@ -97,6 +149,7 @@ struct SkinnyHopperParams {
   // The QKV epilogue (plain only; y unused): rope, q and the paged cache rows.
   bool rope_kv;
   GemvRopeKv rope;
+  bool vec4;  // N_out % 4 == 0 and y, residual, norm_next, norm_out 8-byte aligned
 };
 
 // map_lo / map_hi: the weight rows of consumer warpgroups 1 / 2 (plain: both
@@ -222,71 +275,76 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (ct < p.M) rstd_s[ct] = rsqrtf(static_cast<float>(__ldcg(p.sq_in + ct)) / kNormSumScale * p.inv_k + p.eps);
       asm volatile("bar.sync 2, 256;" ::: "memory");
     }
-    // Features per rank even, so a rope pair stays with one thread.
-    const int per = ((kOutPerCta + ranks - 1) / ranks + 1) & ~1;
-    const int f_begin = rank * per, n_f = min(per, kOutPerCta - f_begin);
-    // The sum over the ranks of accumulator element e (+ d), every rank's
-    // value loaded before the first add: one round trip over the cluster's
-    // shared-memory network, not `ranks`.
-    auto reduce = [&](int e, int d) {
-      float v[kMaxRanks];
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) {
-        const float* src = r >= ranks ? nullptr : ranks > 1 ? cluster.map_shared_rank(partial, r) : partial;
-        v[r] = src != nullptr ? src[e + d] : 0.0f;
-      }
-      float a = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) a += v[r];
-      return a;
-    };
+    // Rank r's share of the CTA's output features: a multiple of four, so a
+    // thread takes four neighbours (one 16-byte load a rank, two rope pairs).
+    const int per = ((kOutPerCta + ranks - 1) / ranks + 3) & ~3;
+    const int f_begin = rank * per, n_f = max(0, min(per, kOutPerCta - f_begin));
+    const int n_quads = (n_f + 3) / 4;
+    // A token row's quads lie in q_pad (a power of two <= 32) neighbouring
+    // lanes of one warp, so the row's sum of y^2 is added up by shuffles and
+    // leaves in one atomic. Every (row, quad) of the rank is one thread's:
+    // their loads (all ranks' partials, residual, norm weight) go out at
+    // once, one round trip for the rank's whole share at M <= 64 rows and
+    // 16-32 features. (A warp a row, rows one after another: at 64 rows on
+    // the H200 the fused down took 17.8 us, o_proj 10.2, QKV + rope 10.4;
+    // this way 14.7, 7.5 and 8.8, CUPTI critical path.)
+    int q_log = 0;
+    while ((1 << q_log) < n_quads) ++q_log;
+    const int q_pad = 1 << q_log, total = p.M << q_log;
+    const int cwarp = ct / 32, lane = ct % 32;
     T* const y = static_cast<T*>(p.y);
-    if (!kSwiglu && p.rope_kv) {  // feature pairs (f, f + 1), f even
-      const int n_pairs = max(n_f, 0) / 2;
-      for (int idx = ct; idx < p.M * n_pairs; idx += kThreads - 128) {
-        const int tok = idx / n_pairs, fl = f_begin + 2 * (idx % n_pairs);
-        const int fo = out0 + fl;
-        if (fo >= p.N_out) continue;
+    for (int warp_base = cwarp * 32; warp_base < total; warp_base += kThreads - 128) {  // warp-uniform
+      const int idx = warp_base + lane, tok = idx >> q_log, q = idx & (q_pad - 1);
+      const int fl = f_begin + 4 * q, fo = out0 + fl;
+      // Features of the quad that exist (0 for the padding lanes).
+      const int valid = idx < total && q < n_quads ? max(0, min(4, min(n_f - 4 * q, p.N_out - fo))) : 0;
+      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      unsigned long long sq = 0;
+      if (valid > 0) {
         const int e = tok * kPartialStride + fl;
+        ReduceRanks4(cluster, partial, ranks, e, a);
         const float r = p.sq_in != nullptr ? rstd_s[tok] : 1.0f;
-        const float v0 = reduce(e, 0) * r, v1 = reduce(e, 1) * r;
-        const int slot = p.rope.slots != nullptr ? p.rope.slots[tok] : -1;
-        RopeKvStorePair<T>(p.rope, v0, v1, fo, tok, RopeKvCosSin(p.rope, fo, p.rope.positions[tok]), slot);
-      }
-    } else {
-      // A warp a token row, its lanes along the features: each row's sum of
-      // y^2 (fixed point) is added up by the warp and leaves in one atomic.
-      // (Per-element atomics into one shared counter a row serialised: the
-      // fused down at 64 rows took 23.2 us on the H200, 17.8 now.)
-      const int cwarp = ct / 32, lane = ct % 32;
-      for (int tok = cwarp; tok < p.M; tok += (kThreads - 128) / 32) {
-        const float r = p.sq_in != nullptr ? rstd_s[tok] : 1.0f;
-        unsigned long long sq = 0;
-        for (int j = lane; j < n_f; j += 32) {
-          const int fl = f_begin + j, fo = out0 + fl;
-          if (fo >= p.N_out) continue;
-          const int e = tok * kPartialStride + fl;
-          float a = reduce(e, 0) * r;
-          const int64_t at = static_cast<int64_t>(tok) * p.N_out + fo;
-          if constexpr (kSwiglu) {
-            const float u = reduce(e, 64) * r;
-            a = a / (1.0f + __expf(-a)) * u;
-          } else if (p.residual != nullptr) {
-            a += ToFloat(static_cast<const T*>(p.residual)[at]);
-          }
-          const T out = FromFloat<T>(a);
-          y[at] = out;
-          if (!kSwiglu && p.norm_out != nullptr) {  // the norm of the values as stored
-            const float stored = ToFloat(out);
-            static_cast<T*>(p.norm_out)[at] = FromFloat<T>(stored * ToFloat(static_cast<const T*>(p.norm_next)[fo]));
-            sq += static_cast<unsigned long long>(__float2ull_rn(stored * stored * kNormSumScale));
-          }
-        }
-        if (!kSwiglu && p.sq_out != nullptr) {  // integer adds: the same sum in any order
 #pragma unroll
-          for (int o = 16; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-          if (lane == 0 && sq != 0) atomicAdd(p.sq_out + tok, sq);
+        for (int i = 0; i < 4; ++i) a[i] *= r;
+        const int64_t at = static_cast<int64_t>(tok) * p.N_out + fo;
+        if constexpr (kSwiglu) {
+          float u[4];
+          ReduceRanks4(cluster, partial, ranks, e + 64, u);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = a[i] / (1.0f + __expf(-a[i])) * (u[i] * r);
+          Store4(y, at, valid, p.vec4, a);
+        } else if (p.rope_kv) {
+          const int slot = p.rope.slots != nullptr ? p.rope.slots[tok] : -1;
+          const int pos = p.rope.positions[tok];
+          for (int i = 0; i + 1 < valid; i += 2)
+            RopeKvStorePair<T>(p.rope, a[i], a[i + 1], fo + i, tok, RopeKvCosSin(p.rope, fo + i, pos), slot);
+        } else {
+          if (p.residual != nullptr) {
+            float res[4];
+            Load4(static_cast<const T*>(p.residual), at, valid, p.vec4, res);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] += res[i];
+          }
+          // The next norm sees the values as stored.
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = ToFloat(FromFloat<T>(a[i]));
+          Store4(y, at, valid, p.vec4, a);
+          if (p.norm_out != nullptr) {
+            float w[4];
+            Load4(static_cast<const T*>(p.norm_next), fo, valid, p.vec4, w);
+            float n[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              n[i] = a[i] * w[i];
+              if (i < valid) sq += static_cast<unsigned long long>(__float2ull_rn(a[i] * a[i] * kNormSumScale));
+            }
+            Store4(static_cast<T*>(p.norm_out), at, valid, p.vec4, n);
+          }
         }
+      }
+      if (!kSwiglu && p.sq_out != nullptr) {  // integer adds: the same sum in any order
+        for (int o = q_pad / 2; o > 0; o /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (q == 0 && sq != 0) atomicAdd(p.sq_out + tok, sq);
       }
     }
     if (!kSwiglu && p.sq_clear != nullptr && rank == 0 && blockIdx.y == 0 && ct < p.M) p.sq_clear[ct] = 0;
@@ -367,6 +425,8 @@ CudaStatus Launch(const CUtensorMap& mx, const CUtensorMap& mlo, const CUtensorM
   hp.inv_k = 1.0f / static_cast<float>(K);
   hp.rope_kv = f.rope_kv;
   hp.rope = f.rope;
+  auto aligned8 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 8 == 0; };
+  hp.vec4 = N_out % 4 == 0 && aligned8(y) && aligned8(f.residual) && aligned8(f.norm_next) && aligned8(f.norm_out);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(ranks), static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(kThreads);

@@ -62,9 +62,9 @@ struct CudaModelRunnerOptions {
   //                    on the Hopper skinny kernel with the same epilogues
   //                    (the built-in rule there puts QKV and o_proj on
   //                    cuBLASLt, with the norm and rope kernels around them);
-  //                    the LM head keeps its own path. Measured slower on the
-  //                    H200 (B=64 ctx 128 1.30 vs 1.20 ms): the epilogues at
-  //                    64 rows cost more than the kernels they replace.
+  //                    the LM head keeps its own path. On the H200 at B=64:
+  //                    1% faster at ctx 128, 1-3% slower at ctx 2048 (the
+  //                    attention runs slower behind the fused QKV).
   // 0, or FUSEDSERVE_DECODE_FUSION=<mask> in the environment (which wins):
   // the unfused kernels, the reference. Default: rope + norm epilogues, also
   // on the skinny GEMM.

@@ -349,22 +349,33 @@ CudaStatus LaunchDtype(DType dtype, const SkinnyParams& p, cudaStream_t stream) 
 
 // Which fused projections of a step above one token tile run the Hopper
 // skinny kernel instead of the register kernels (FUSEDSERVE_SKINNY_HOPPER_DOWN:
-// 0 none, 1 only the long-K producer, down: K = I >= 2N; else, the default,
-// all of them). Its deeper stream of weight tiles wins (H200, 1B decode step,
-// ctx 128: B=20-32 1.06-1.08 ms against 1.30-1.32 with down alone on it:
-// at 17-32 rows the register kernel's four token tiles leave each warp two
-// weight chunks in flight; 9-16 rows equal).
+// 0 none, 1 only the long-K producer, down: K = I >= 2N, 3 all; else, the
+// default, all but a many-wave output at up to 16 rows). Measured on an H200
+// (1B decode step, ctx 128): the layers' projections on it, B=20-32 1.06-1.08
+// ms against 1.30-1.32 with down alone on it (at 17-32 rows the register
+// kernel's four token tiles leave each warp two weight chunks in flight);
+// the LM head (1,002 CTAs, 7.6 waves on it) on the two-tile register kernel
+// at 9-16 rows, 134 us against 151 (B=12 / 16 1.043-1.052 ms vs
+// 1.065-1.073), on it at 17-32 rows (B=24 / 32 1.062-1.071 vs 1.071-1.086).
 int SkinnyHopperMode() {
   static const int mode = [] {
     const char* e = std::getenv("FUSEDSERVE_SKINNY_HOPPER_DOWN");
-    return e != nullptr && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
+    return e != nullptr && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 2;
   }();
   return SkinnyHopperAvailable() ? mode : 0;
 }
-bool SkinnyHopperFused(int64_t M, int64_t N, int64_t K, const GemvFusion& f) {
+bool SkinnyHopperFused(int64_t M, int64_t N, int64_t K, const GemvFusion& f, bool swiglu) {
   if (M <= 8) return false;
-  const int mode = SkinnyHopperMode();
-  return mode == 2 || (mode == 1 && K >= 2 * N && f.residual != nullptr && !f.rope_kv && f.sq_in == nullptr);
+  switch (SkinnyHopperMode()) {
+    case 1:
+      return !swiglu && K >= 2 * N && f.residual != nullptr && !f.rope_kv && f.sq_in == nullptr;
+    case 2:
+      return M > 16 || SkinnyHopperOneWave(N, swiglu);
+    case 3:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -431,7 +442,7 @@ CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, c
   }
   // Above the narrow kernel's rows SkinnyGemmSupported implies the Hopper kernel.
   if (M > kSkinnyNarrowMaxM ||
-      (SkinnyHopperFused(M, N, K, f) && SkinnyHopperSupported(dtype, M, N, K, x, w) && Aligned16(y)))
+      (SkinnyHopperFused(M, N, K, f, false) && SkinnyHopperSupported(dtype, M, N, K, x, w) && Aligned16(y)))
     return LaunchSkinnyHopperFused(dtype, M, N, K, x, w, y, f, stream);
   SkinnyParams p = PlainParams(x, w, y, M, N, K);
   p.residual = f.residual;
@@ -451,8 +462,8 @@ CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I,
   if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up))
     return CudaStatus::Unsupported("fused skinny SwiGLU: unsupported problem");
   if (!f.OnlyConsumerSums()) return CudaStatus::Unsupported("fused skinny SwiGLU: only a producer's sums");
-  if (M > kSkinnyNarrowMaxM || (M > 8 && SkinnyHopperMode() == 2 && SkinnyHopperSupported(dtype, M, I, D, x, gate_up) &&
-                                Aligned16(h)))
+  if (M > kSkinnyNarrowMaxM ||
+      (SkinnyHopperFused(M, I, D, f, true) && SkinnyHopperSupported(dtype, M, I, D, x, gate_up) && Aligned16(h)))
     return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream, f);
   SkinnyParams p = PlainParams(x, gate_up, h, M, I, D);
   p.sq_in = f.sq_in;

@@ -619,11 +619,8 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
   if (f.rope_kv) {
     const GemvRopeKv& r = f.rope;
     if (f.residual != nullptr) return CudaStatus::Unsupported("fused GEMV: rope epilogue with a residual");
-    if (r.D <= 0 || r.D % 2 != 0 || r.Hq <= 0 || r.Hkv <= 0 || N != static_cast<int64_t>(r.Hq + 2 * r.Hkv) * r.D)
-      return CudaStatus::Unsupported("fused GEMV: rope epilogue shape");
-    if (r.positions == nullptr || r.cos_sin == nullptr || r.q == nullptr ||
-        (r.slots != nullptr && (r.k_cache == nullptr || r.v_cache == nullptr)))
-      return CudaStatus::Error("fused GEMV: rope epilogue tensor missing");
+    if (!r.ShapeFits(N, 2)) return CudaStatus::Unsupported("fused GEMV: rope epilogue shape");
+    if (!r.TensorsPresent()) return CudaStatus::Error("fused GEMV: rope epilogue tensor missing");
     return norm ? LaunchGemvFusedDtype<kRopeKv, true>(dtype, p, stream)
                 : LaunchGemvFusedDtype<kRopeKv, false>(dtype, p, stream);
   }

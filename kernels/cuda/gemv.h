@@ -62,6 +62,18 @@ struct GemvRopeKv {
   void* k_cache = nullptr;             // [slots, Hkv, D]
   void* v_cache = nullptr;             // [slots, Hkv, D]
   int Hq = 0, Hkv = 0, D = 0;
+
+  // N = (Hq + 2 Hkv) D outputs, D a positive multiple of d_multiple (what a
+  // kernel's pairs of features need: 2 for one pair a thread, 16 for an mma
+  // tile of them).
+  bool ShapeFits(int64_t N, int d_multiple) const {
+    return D > 0 && D % d_multiple == 0 && Hq > 0 && Hkv > 0 && N == static_cast<int64_t>(Hq + 2 * Hkv) * D;
+  }
+  // positions, cos_sin and q; with slots, both caches.
+  bool TensorsPresent() const {
+    return positions != nullptr && cos_sin != nullptr && q != nullptr &&
+           (slots == nullptr || (k_cache != nullptr && v_cache != nullptr));
+  }
 };
 // The norm sums pass between producer and consumer as 64-bit fixed point
 // (2^-24): integer adds in any order give the same bits, so the atomics stay

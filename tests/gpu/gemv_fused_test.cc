@@ -455,6 +455,39 @@ TEST_P(GemvFusedTest, QkvRopeKvCache) {
     }
 }
 
+// The rope epilogue's shape and tensor checks that every fused launcher
+// (GEMV, register and Hopper skinny GEMMs) applies; host only, runs anywhere.
+TEST(GemvRopeKvTest, ShapeAndTensorChecks) {
+  cuda::GemvRopeKv r;
+  r.Hq = 32;
+  r.Hkv = 8;
+  r.D = 64;
+  EXPECT_TRUE(r.ShapeFits(48 * 64, 2));
+  EXPECT_TRUE(r.ShapeFits(48 * 64, 16));
+  EXPECT_FALSE(r.ShapeFits(48 * 64 + 2, 2));  // N not (Hq + 2 Hkv) D
+  r.D = 6;
+  EXPECT_TRUE(r.ShapeFits(48 * 6, 2));
+  EXPECT_FALSE(r.ShapeFits(48 * 6, 16));  // the register kernels pair 16-wide tiles
+  r.D = 0;
+  EXPECT_FALSE(r.ShapeFits(0, 2));
+  r.D = 64;
+  r.Hkv = 0;
+  EXPECT_FALSE(r.ShapeFits(32 * 64, 2));  // no kv heads
+  int32_t pos = 0, slot = 0;
+  float2 cs{};
+  int q = 0, kc = 0, vc = 0;
+  EXPECT_FALSE(r.TensorsPresent());
+  r.positions = &pos;
+  r.cos_sin = &cs;
+  r.q = &q;
+  EXPECT_TRUE(r.TensorsPresent());  // no cache write
+  r.slots = &slot;
+  r.k_cache = &kc;
+  EXPECT_FALSE(r.TensorsPresent());  // slots without the v cache
+  r.v_cache = &vc;
+  EXPECT_TRUE(r.TensorsPresent());
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemvFusedTest, ::testing::Values(DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(i.param == DType::kBF16 ? "bf16" : "fp16");

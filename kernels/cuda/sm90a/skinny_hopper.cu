@@ -494,9 +494,8 @@ CudaStatus LaunchSkinnyHopperFused(DType dtype, int64_t M, int64_t N, int64_t K,
   if (f.norm_weight != nullptr || !f.NormNextConsistent() || (f.norm_out != nullptr && f.residual == nullptr) ||
       (f.rope_kv && f.residual != nullptr))
     return CudaStatus::Unsupported("skinny_hopper: a producer's epilogue, a consumer's sums or rope, no folded norm");
-  if (f.rope_kv &&
-      (f.rope.D <= 0 || f.rope.D % 2 != 0 || N != static_cast<int64_t>(f.rope.Hq + 2 * f.rope.Hkv) * f.rope.D))
-    return CudaStatus::Unsupported("skinny_hopper: rope epilogue shape");
+  if (f.rope_kv && !f.rope.ShapeFits(N, 2)) return CudaStatus::Unsupported("skinny_hopper: rope epilogue shape");
+  if (f.rope_kv && !f.rope.TensorsPresent()) return CudaStatus::Error("skinny_hopper: rope epilogue tensor missing");
   if (!f.rope_kv && y == nullptr) return CudaStatus::Error("skinny_hopper: no output");
   CUtensorMap mx, mw;
   if (CudaStatus s = MakeMap(&mx, dtype, x, M, K); !s.ok()) return s;

@@ -191,7 +191,9 @@ ServerProcess::~ServerProcess() {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
-  if (!log_path_.empty()) unlink(log_path_.c_str());
+  // FUSEDSERVE_KEEP_TEST_LOGS=1 keeps the server's log for a post-mortem.
+  const char* keep = std::getenv("FUSEDSERVE_KEEP_TEST_LOGS");
+  if (!log_path_.empty() && (keep == nullptr || keep[0] != '1')) unlink(log_path_.c_str());
 }
 
 grpc::health::v1::HealthCheckResponse::ServingStatus ServerProcess::Health() const {

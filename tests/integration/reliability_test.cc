@@ -52,7 +52,7 @@ int64_t RssKb(pid_t pid) {
 // Channels with one TCP connection each (distinct arguments, local pool),
 // connected before they are handed out. gRPC 1.51's client can fail a
 // connection attempt spuriously: it reads connect()'s errno after calls that
-// may overwrite it (fixed upstream in grpc/grpc#35064), and the channel then
+// may overwrite it (grpc/grpc#35064 proposes saving it), and the channel then
 // fails every call fast for its reconnect backoff. A soak's CI run lost
 // 30,931 calls with that signature ("failed to connect to all addresses;
 // ...: No such file or directory", the server up throughout). Connecting

@@ -46,6 +46,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_common.h"
 #include "engine/engine.h"
@@ -223,12 +225,9 @@ void DecodeTable(const ModelConfig& c, double bw) {
   std::vector<int64_t> batches = {1, 2, 4, 16, 64};
   if (const char* e = std::getenv("FS_DECODE_BATCHES")) {  // e.g. FS_DECODE_BATCHES=40,64
     batches.clear();
-    for (const char* q = e; *q != '\0';) {
-      char* end = nullptr;
-      const long b = std::strtol(q, &end, 10);
-      if (end == q) break;
-      if (b >= 1 && b <= maxB) batches.push_back(b);
-      q = *end == ',' ? end + 1 : end;
+    for (absl::string_view part : absl::StrSplit(e, ',', absl::SkipWhitespace())) {
+      int64_t b = 0;
+      if (absl::SimpleAtoi(part, &b) && b >= 1 && b <= maxB) batches.push_back(b);
     }
   }
   for (int64_t ctx : {128, 2048}) {

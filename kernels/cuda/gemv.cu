@@ -156,14 +156,14 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); 
 
 // Blocks an SM, so that the norm epilogue's operands (the residual form's
 // norm weight pair and sum of squares, every form's producer sum) cost no
-// occupancy: the compiler had 72 registers (7 blocks) at one row, 78 with
-// rope (6), ~96 at 2-4 rows (5) before them, and took 76-80 at one row (6)
-// with them. 8 rows (a tuning candidate only) and the folded norm: the
+// occupancy: ~96 registers at 2-4 rows (5). At one row the chunk's x vectors
+// held at once take 16 more: 80 registers (6 blocks), rope 88 (5; at 80 it
+// spilled). 8 rows (a tuning candidate only) and the folded norm: the
 // compiler's choice (0).
 template <int kM, int kMode, bool kNorm>
 constexpr int GemvMinBlocks() {
   if (kNorm || kM > 4) return 0;
-  if (kM == 1) return kMode == kRopeKv ? 6 : 7;
+  if (kM == 1) return kMode == kRopeKv ? 5 : 6;
   return 5;
 }
 
@@ -276,33 +276,49 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
       rows_of(unit, w0, w1);
       for (int64_t base = base0; base < nvec; base += 32 * kGemvUnroll * split) {
         if (k != 0 || base != base0) load(w0, w1, base);  // else loaded before the wait
+        // The chunk's x vectors of a row (and the norm weights) are loaded
+        // together, before any math: issued one by one behind each vector's
+        // bounds branch, they were four serial L1/L2 round trips a chunk
+        // (H200, one-row down [2048, 8192] in a graph: 13.2 us against 9.6 for
+        // the same weight stream with x loaded up front).
+        uint4 gr[kGemvUnroll];
+        if constexpr (kNorm) {
 #pragma unroll
-        for (int u = 0; u < kGemvUnroll; ++u) {
-          const int64_t i = base + 32 * u;
-          if (i < nvec) {
-            float fa[V::kN], fb[V::kN], fg[V::kN];
+          for (int u = 0; u < kGemvUnroll; ++u) {
+            const int64_t i = base + 32 * u;
+            gr[u] = i < nvec ? __ldg(gv + i) : make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          if (m > 0 && m >= p.M) continue;  // M >= 1: row 0 always exists
+          uint4 xr[kGemvUnroll];
+#pragma unroll
+          for (int u = 0; u < kGemvUnroll; ++u) {
+            const int64_t i = base + 32 * u;
+            xr[u] = i < nvec ? __ldg(xv + m * nvec + i) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int u = 0; u < kGemvUnroll; ++u) {
+            if (base + 32 * u >= nvec) continue;
+            float fa[V::kN], fb[V::kN], fx[V::kN];
             V::Load(a[u], fa);
             V::Load(b[u], fb);
-            if constexpr (kNorm) V::Load(__ldg(gv + i), fg);
+            V::Load(xr[u], fx);
+            if constexpr (kNorm) {
+              float fg[V::kN];
+              V::Load(gr[u], fg);
+              if (k == 0) {
 #pragma unroll
-            for (int m = 0; m < kM; ++m) {
-              if (m < p.M) {
-                float fx[V::kN];
-                V::Load(__ldg(xv + m * nvec + i), fx);
-                if constexpr (kNorm) {
-                  if (k == 0) {
-#pragma unroll
-                    for (int e = 0; e < V::kN; ++e) acc[m][2] = fmaf(fx[e], fx[e], acc[m][2]);
-                  }
-#pragma unroll
-                  for (int e = 0; e < V::kN; ++e) fx[e] *= fg[e];
-                }
-#pragma unroll
-                for (int e = 0; e < V::kN; ++e) {
-                  acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
-                  acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
-                }
+                for (int e = 0; e < V::kN; ++e) acc[m][2] = fmaf(fx[e], fx[e], acc[m][2]);
               }
+#pragma unroll
+              for (int e = 0; e < V::kN; ++e) fx[e] *= fg[e];
+            }
+#pragma unroll
+            for (int e = 0; e < V::kN; ++e) {
+              acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
+              acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
             }
           }
         }
@@ -614,11 +630,10 @@ CudaStatus LaunchGemvFused(DType dtype, int64_t M, int64_t N, int64_t K, const v
   if (norm && f.sq_in != nullptr) return CudaStatus::Unsupported("fused GEMV: norm weight and producer sums");
   if (!f.NormNextConsistent())
     return CudaStatus::Error("fused GEMV: norm_next, norm_out, sq_out and sq_clear go together");
-  if (f.norm_out != nullptr && f.residual == nullptr)
-    return CudaStatus::Unsupported("fused GEMV: the next norm's epilogue needs the residual add");
+  if (!f.EpiloguesCombine())
+    return CudaStatus::Unsupported("fused GEMV: the next norm's epilogue needs the residual add, rope excludes it");
   if (f.rope_kv) {
     const GemvRopeKv& r = f.rope;
-    if (f.residual != nullptr) return CudaStatus::Unsupported("fused GEMV: rope epilogue with a residual");
     if (!r.ShapeFits(N, 2)) return CudaStatus::Unsupported("fused GEMV: rope epilogue shape");
     if (!r.TensorsPresent()) return CudaStatus::Error("fused GEMV: rope epilogue tensor missing");
     return norm ? LaunchGemvFusedDtype<kRopeKv, true>(dtype, p, stream)

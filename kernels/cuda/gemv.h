@@ -114,6 +114,12 @@ struct GemvFusion {
     const bool out = norm_out != nullptr;
     return out == (norm_next != nullptr) && out == (sq_out != nullptr) && out == (sq_clear != nullptr);
   }
+  // The epilogues combine as the fused projections implement them: the next
+  // norm's epilogue follows a residual add (it normalises the sum), and rope
+  // (the QKV projection's) comes without one.
+  bool EpiloguesCombine() const {
+    return (norm_out == nullptr || residual != nullptr) && !(rope_kv && residual != nullptr);
+  }
   // No epilogue but a consumer's sq_in (no residual, rope, next norm's output
   // or folded norm): what the skinny SwiGLU gates take.
   bool OnlyConsumerSums() const {

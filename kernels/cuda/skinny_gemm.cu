@@ -425,13 +425,13 @@ CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, c
   if (f.norm_weight != nullptr) return CudaStatus::Unsupported("fused skinny GEMM: no folded norm");
   if (!f.NormNextConsistent())
     return CudaStatus::Error("fused skinny GEMM: norm_next, norm_out, sq_out and sq_clear go together");
-  if (f.norm_out != nullptr && f.residual == nullptr)
-    return CudaStatus::Unsupported("fused skinny GEMM: the next norm's epilogue needs the residual add");
+  if (!f.EpiloguesCombine())
+    return CudaStatus::Unsupported(
+        "fused skinny GEMM: the next norm's epilogue needs the residual add, rope excludes it");
   if (!Aligned16(f.residual) || !Aligned16(f.norm_next))
     return CudaStatus::Unsupported("fused skinny GEMM: residual or norm weight not 16-byte aligned");
   if (f.rope_kv) {
     const GemvRopeKv& r = f.rope;
-    if (f.residual != nullptr) return CudaStatus::Unsupported("fused skinny GEMM: rope epilogue with a residual");
     if (!r.ShapeFits(N, 16)) return CudaStatus::Unsupported("fused skinny GEMM: rope epilogue shape");
     if (!r.TensorsPresent()) return CudaStatus::Error("fused skinny GEMM: rope epilogue tensor missing");
   } else if (y == nullptr) {

@@ -488,6 +488,29 @@ TEST(GemvRopeKvTest, ShapeAndTensorChecks) {
   EXPECT_TRUE(r.TensorsPresent());
 }
 
+// Host-only: which epilogue combinations every fused projection launcher takes.
+TEST(GemvFusionTest, EpiloguesCombine) {
+  int res = 0, g = 0, out = 0;
+  unsigned long long sq[2] = {};
+  cuda::GemvFusion f;
+  EXPECT_TRUE(f.EpiloguesCombine());  // none
+  f.residual = &res;
+  EXPECT_TRUE(f.EpiloguesCombine());  // o_proj / down without the next norm
+  f.norm_next = &g;
+  f.norm_out = &out;
+  f.sq_out = sq;
+  f.sq_clear = sq + 1;
+  EXPECT_TRUE(f.NormNextConsistent());
+  EXPECT_TRUE(f.EpiloguesCombine());  // and with it
+  f.residual = nullptr;
+  EXPECT_FALSE(f.EpiloguesCombine());  // the next norm normalises a residual sum
+  cuda::GemvFusion r;
+  r.rope_kv = true;
+  EXPECT_TRUE(r.EpiloguesCombine());  // QKV
+  r.residual = &res;
+  EXPECT_FALSE(r.EpiloguesCombine());  // rope writes q and the cache, never a residual sum
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemvFusedTest, ::testing::Values(DType::kBF16, DType::kF16),
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(i.param == DType::kBF16 ? "bf16" : "fp16");

@@ -108,15 +108,14 @@ __device__ __forceinline__ void ReduceRanks4(cg::cluster_group& cluster, float* 
 }
 
 // Elements at .. at + n - 1 (n <= 4) of a row-major tensor; vec: one 8-byte
-// access (n == 4, at % 4 == 0 and the base 8-byte aligned: the launcher's
-// check). Missing elements read as 0.
+// Vec access (n == 4, at % 4 == 0 and the base 8-byte aligned: the
+// launcher's check). Missing elements read as 0.
 template <typename T>
 __device__ __forceinline__ void Load4(const T* src, int64_t at, int n, bool vec, float (&out)[4]) {
   if (vec && n == 4) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(src + at);
-    const T* t = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = ToFloat(t[i]);
+    Vec<T, 4> v;
+    v.Load(src + at);
+    v.ToFloats(out);
     return;
   }
 #pragma unroll
@@ -125,11 +124,9 @@ __device__ __forceinline__ void Load4(const T* src, int64_t at, int n, bool vec,
 template <typename T>
 __device__ __forceinline__ void Store4(T* dst, int64_t at, int n, bool vec, const float (&in)[4]) {
   if (vec && n == 4) {
-    uint2 raw;
-    T* t = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) t[i] = FromFloat<T>(in[i]);
-    *reinterpret_cast<uint2*>(dst + at) = raw;
+    Vec<T, 4> v;
+    v.FromFloats(in);
+    v.Store(dst + at);
     return;
   }
 #pragma unroll
@@ -491,8 +488,7 @@ CudaStatus LaunchSkinnyHopperFused(DType dtype, int64_t M, int64_t N, int64_t K,
   if (!SkinnyHopperSupported(dtype, M, N, K, x, w) || !Aligned16(y)) {
     return CudaStatus::Unsupported("skinny_hopper: needs compute capability 9.0, bf16/fp16, M <= 64, K % 8 == 0");
   }
-  if (f.norm_weight != nullptr || !f.NormNextConsistent() || (f.norm_out != nullptr && f.residual == nullptr) ||
-      (f.rope_kv && f.residual != nullptr))
+  if (f.norm_weight != nullptr || !f.NormNextConsistent() || !f.EpiloguesCombine())
     return CudaStatus::Unsupported("skinny_hopper: a producer's epilogue, a consumer's sums or rope, no folded norm");
   if (f.rope_kv && !f.rope.ShapeFits(N, 2)) return CudaStatus::Unsupported("skinny_hopper: rope epilogue shape");
   if (f.rope_kv && !f.rope.TensorsPresent()) return CudaStatus::Error("skinny_hopper: rope epilogue tensor missing");

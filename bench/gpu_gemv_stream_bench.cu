@@ -1,0 +1,228 @@
+// Does a one-row GEMV's weight stream depend on the matrix's shape and on
+// the order in which warps walk their rows? (The 1B decode step's down
+// projection, [2048, 8192], streams at 59% of copy bandwidth on the H200;
+// gate_up, [16384, 2048], at 82%: bench/notes/decode_fusion.md.)
+//
+// The kernel is the product GEMV's streaming core (gemv.cu): a warp owns two
+// rows, `split` warps share them (each every split-th 2 KB chunk of a row),
+// four 16-byte evict-first loads a row in flight per lane, x read through L1.
+// Orders: 0 = every warp walks its rows from the start (the product), 1 =
+// warp w starts at chunk (w % chunks) and wraps, 2 = the start offsets
+// spread by a multiplicative hash of the unit.
+// Beside it, the product's fused GEMV (LaunchGemvFused) on the decode step's
+// shapes: plain, with the residual, with the residual and the next norm's
+// epilogue (down's and o_proj's form), launched as the model launches it
+// (programmatic dependent launch), and the probe with and without PDL:
+// what the product's epilogue and launch cost over the bare stream.
+// Each launch reads a cold copy of the weights (copies rotate, 8x the largest
+// matrix in all); one pass over the copies is one CUDA graph, replayed, as
+// the model's decode step is, so host launch costs do not count.
+//
+//   gpu_gemv_stream_bench            (us and GB/s of the weight bytes; the D2D copy first)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/gemv.h"
+
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+constexpr int kWarps = 4, kUnroll = 4;
+
+__device__ __forceinline__ float Dot8(uint4 w, uint4 x) {
+  const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&x);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 fa = __bfloat1622float2(a[i]), fb = __bfloat1622float2(b[i]);
+    s = fmaf(fa.x, fb.x, fmaf(fa.y, fb.y, s));
+  }
+  return s;
+}
+
+__global__ void __launch_bounds__(kWarps * 32, 7)
+    StreamKernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int N,
+                 int K, int split, int order) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int slice = warp % split;
+  const int unit = blockIdx.x * (kWarps / split) + warp / split;
+  if (2 * unit >= N) return;
+  const int nvec = K / 8;
+  const int chunk = 32 * kUnroll;            // vectors a warp loads a row per step
+  const int steps = nvec / (chunk * split);  // K a multiple of 1024 * split here
+  int rot = 0;
+  if (order == 1) rot = unit % steps;
+  if (order == 2) rot = static_cast<int>((static_cast<unsigned>(unit) * 2654435761u) >> 16) % steps;
+  const uint4* w0 = reinterpret_cast<const uint4*>(w + static_cast<size_t>(2 * unit) * K);
+  const uint4* w1 = reinterpret_cast<const uint4*>(w + static_cast<size_t>(2 * unit + 1) * K);
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  float a0 = 0.0f, a1 = 0.0f;
+  for (int s = 0; s < steps; ++s) {
+    const int step = (s + rot) % steps;
+    const int base = (step * split + slice) * chunk + lane;
+    uint4 a[kUnroll], b[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      a[u] = __ldcs(w0 + base + 32 * u);
+      b[u] = __ldcs(w1 + base + 32 * u);
+    }
+    if (s == 0) {
+      // No-ops unless launched as a programmatic dependent; then, as in the
+      // product, the first loads go out during the previous launch's tail.
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+      asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint4 xx = __ldg(xv + base + 32 * u);
+      a0 += Dot8(a[u], xx);
+      a1 += Dot8(b[u], xx);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    a0 += __shfl_xor_sync(0xffffffffu, a0, o);
+    a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+  }
+  if (lane == 0) {  // the split's slices add atomically: the probe times the stream, not the merge
+    atomicAdd(y + 2 * unit, a0);
+    atomicAdd(y + 2 * unit + 1, a1);
+  }
+}
+
+void LaunchProbe(cudaStream_t stream, int blocks, bool pdl, const __nv_bfloat16* w, const __nv_bfloat16* x, float* y,
+                 int N, int K, int split) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split, 0));
+}
+
+int main() {
+  namespace fc = fusedserve::cuda;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t bytes = size_t{16384} * 2048 * 2;  // 67 MB: the largest matrix below (gate_up)
+  const int copies = 8;                           // 537 MB: every launch reads a cold copy
+  // FS_QUICK=1: the down shape only, one replay (for ncu).
+  const bool quick = std::getenv("FS_QUICK") != nullptr;
+  const int passes = quick ? 1 : 20;  // graph replays timed
+  __nv_bfloat16 *w = nullptr, *x = nullptr, *res = nullptr, *gnext = nullptr, *nout = nullptr, *yb = nullptr;
+  float* y = nullptr;
+  unsigned long long* sq = nullptr;
+  CHECK(cudaMalloc(&w, bytes * copies));
+  CHECK(cudaMalloc(&x, 16384 * 2));
+  CHECK(cudaMalloc(&y, 16384 * 4));
+  CHECK(cudaMalloc(&yb, 16384 * 2));
+  CHECK(cudaMalloc(&res, 16384 * 2));
+  CHECK(cudaMalloc(&gnext, 16384 * 2));
+  CHECK(cudaMalloc(&nout, 16384 * 2));
+  CHECK(cudaMalloc(&sq, 2 * 8));
+  CHECK(cudaMemset(w, 0x3c, bytes * copies));
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(res), static_cast<void*>(gnext)})
+    CHECK(cudaMemset(p, 0x3c, 16384 * 2));
+  CHECK(cudaMemset(sq, 0, 16));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Microseconds a launch: one graph of `copies` launches (launch(stream, i)
+  // reads copy i), replayed.
+  auto time_us = [&](auto&& launch) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < copies; ++i) launch(stream, i);
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    CHECK(cudaEventRecord(e0, stream));
+    for (int i = 0; i < passes; ++i) CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(e1, stream));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    return ms * 1e3 / (passes * copies);
+  };
+
+  // The ceiling: device-to-device copy of 268 MB (read + write counted).
+  {
+    const size_t n = bytes * 4;
+    void* dst = nullptr;
+    CHECK(cudaMalloc(&dst, n));
+    CHECK(cudaMemcpy(dst, w, n, cudaMemcpyDeviceToDevice));
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < 10; ++i) CHECK(cudaMemcpy(dst, w + (i % 2) * (n / 2), n, cudaMemcpyDeviceToDevice));
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("copy: %.0f GB/s (read + write)\n", 2.0 * n * 10 / (ms * 1e-3) / 1e9);
+    CHECK(cudaFree(dst));
+  }
+  std::printf("%-6s %-6s %-28s %9s %8s\n", "N", "K", "kernel", "us", "GB/s");
+  struct Shape {
+    int N, K;
+  };
+  // down, o_proj, QKV and gate_up (as one plain matrix) of the 1B model.
+  for (Shape sh : {Shape{2048, 8192}, Shape{2048, 2048}, Shape{3072, 2048}, Shape{16384, 2048}}) {
+    if (quick && sh.K != 8192) continue;
+    const size_t mbytes = static_cast<size_t>(sh.N) * sh.K * 2;
+    const size_t stride = bytes / 2;  // elements between copies
+    auto row = [&](const char* name, double us) {
+      std::printf("%-6d %-6d %-28s %9.2f %8.0f\n", sh.N, sh.K, name, us, mbytes / (us * 1e-6) / 1e9);
+    };
+    for (int split : {1, 2, 4}) {
+      if (sh.K / 8 < 128 * split) continue;
+      const int blocks = (sh.N / 2 * split + kWarps - 1) / kWarps;
+      for (bool pdl : {false, true}) {
+        char name[64];
+        std::snprintf(name, sizeof(name), "probe split %d%s", split, pdl ? " pdl" : "");
+        row(name, time_us([&](cudaStream_t st, int i) {
+              LaunchProbe(st, blocks, pdl, w + i * stride, x, y, sh.N, sh.K, split);
+            }));
+      }
+    }
+    auto product = [&](const char* name, const fc::GemvFusion& f) {
+      row(name, time_us([&](cudaStream_t st, int i) {
+            fusedserve::CudaStatus s =
+                fc::LaunchGemvFused(fusedserve::DType::kBF16, 1, sh.N, sh.K, x, w + i * stride, yb, f, st);
+            if (!s.ok()) {
+              std::fprintf(stderr, "%s\n", s.message.c_str());
+              std::exit(1);
+            }
+          }));
+    };
+    product("product plain", fc::GemvFusion{});
+    fc::GemvFusion fr;
+    fr.residual = res;
+    product("product residual", fr);
+    fr.norm_next = gnext;
+    fr.norm_out = nout;
+    fr.sq_out = sq;
+    fr.sq_clear = sq + 1;
+    product("product residual+next norm", fr);
+  }
+  std::printf("SMs %d\n", sms);
+  return 0;
+}

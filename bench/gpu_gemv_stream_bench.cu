@@ -26,6 +26,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 #define CHECK(x)                                                                              \
   do {                                                                                        \
@@ -114,6 +115,9 @@ void LaunchProbe(cudaStream_t stream, int blocks, bool pdl, const __nv_bfloat16*
   CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split, 0));
 }
 
+// Elements of each activation buffer: 4 rows of the widest matrix.
+constexpr size_t kAct = 4 * 16384;
+
 int main() {
   namespace fc = fusedserve::cuda;
   int sms = 0;
@@ -127,17 +131,17 @@ int main() {
   float* y = nullptr;
   unsigned long long* sq = nullptr;
   CHECK(cudaMalloc(&w, bytes * copies));
-  CHECK(cudaMalloc(&x, 16384 * 2));
-  CHECK(cudaMalloc(&y, 16384 * 4));
-  CHECK(cudaMalloc(&yb, 16384 * 2));
-  CHECK(cudaMalloc(&res, 16384 * 2));
-  CHECK(cudaMalloc(&gnext, 16384 * 2));
-  CHECK(cudaMalloc(&nout, 16384 * 2));
-  CHECK(cudaMalloc(&sq, 2 * 8));
+  CHECK(cudaMalloc(&x, kAct * 2));
+  CHECK(cudaMalloc(&y, kAct * 4));
+  CHECK(cudaMalloc(&yb, kAct * 2));
+  CHECK(cudaMalloc(&res, kAct * 2));
+  CHECK(cudaMalloc(&gnext, kAct * 2));
+  CHECK(cudaMalloc(&nout, kAct * 2));
+  CHECK(cudaMalloc(&sq, 16 * 8));
   CHECK(cudaMemset(w, 0x3c, bytes * copies));
   for (void* p : {static_cast<void*>(x), static_cast<void*>(res), static_cast<void*>(gnext)})
-    CHECK(cudaMemset(p, 0x3c, 16384 * 2));
-  CHECK(cudaMemset(sq, 0, 16));
+    CHECK(cudaMemset(p, 0x3c, kAct * 2));
+  CHECK(cudaMemset(sq, 0, 16 * 8));
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
@@ -203,25 +207,37 @@ int main() {
             }));
       }
     }
-    auto product = [&](const char* name, const fc::GemvFusion& f) {
-      row(name, time_us([&](cudaStream_t st, int i) {
-            fusedserve::CudaStatus s =
-                fc::LaunchGemvFused(fusedserve::DType::kBF16, 1, sh.N, sh.K, x, w + i * stride, yb, f, st);
+    // The product at M rows: the GEMV, or the register skinny GEMM (the
+    // default for 2-8 row decode steps).
+    auto product = [&](const char* name, int M, bool skinny, const fc::GemvFusion& f) {
+      char label[64];
+      std::snprintf(label, sizeof(label), "%s M=%d", name, M);
+      row(label, time_us([&](cudaStream_t st, int i) {
+            const fusedserve::DType dt = fusedserve::DType::kBF16;
+            fusedserve::CudaStatus s = skinny
+                                           ? fc::LaunchSkinnyGemmFused(dt, M, sh.N, sh.K, x, w + i * stride, yb, f, st)
+                                           : fc::LaunchGemvFused(dt, M, sh.N, sh.K, x, w + i * stride, yb, f, st);
             if (!s.ok()) {
               std::fprintf(stderr, "%s\n", s.message.c_str());
               std::exit(1);
             }
           }));
     };
-    product("product plain", fc::GemvFusion{});
     fc::GemvFusion fr;
     fr.residual = res;
-    product("product residual", fr);
-    fr.norm_next = gnext;
-    fr.norm_out = nout;
-    fr.sq_out = sq;
-    fr.sq_clear = sq + 1;
-    product("product residual+next norm", fr);
+    fc::GemvFusion fn = fr;
+    fn.norm_next = gnext;
+    fn.norm_out = nout;
+    fn.sq_out = sq;
+    fn.sq_clear = sq + 8;
+    product("product plain", 1, false, fc::GemvFusion{});
+    product("product residual", 1, false, fr);
+    product("product residual+next norm", 1, false, fn);
+    if (quick) continue;
+    for (int M : {2, 4}) {
+      product("GEMV residual+next norm", M, false, fn);
+      product("skinny residual+next norm", M, true, fn);
+    }
   }
   std::printf("SMs %d\n", sms);
   return 0;

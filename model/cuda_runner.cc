@@ -932,7 +932,9 @@ class CudaModelRunner final : public ModelRunner {
       algo = c.algo;
     }
     using cuda::LinearPath;
-    if (path == LinearPath::kGemv || (path == LinearPath::kDefault && M <= cuda::GemvAutoMaxM()))
+    const ModelKernelKey key = KeyOfModelKernel(c_, k, M);  // linear {M, N, K}, swiglu_mlp {M, D, I}
+    const int64_t K = k == ModelKernel::kSwiglu ? key.key[1] : key.key[2];
+    if (path == LinearPath::kGemv || (path == LinearPath::kDefault && cuda::GemvByDefault(M, K)))
       return DecodePath::kGemv;
     if (M <= cuda::kSkinnyNarrowMaxM && (path == LinearPath::kDefault || (path == LinearPath::kSkinny && algo == 0)))
       return DecodePath::kSkinny;

@@ -154,17 +154,17 @@ constexpr float kSumScale = kNormSumScale;
 
 __device__ __forceinline__ uint4 LoadStream(const uint4* p) { return __ldcs(p); }
 
-// Blocks an SM, so that the norm epilogue's operands (the residual form's
-// norm weight pair and sum of squares, every form's producer sum) cost no
-// occupancy: ~96 registers at 2-4 rows (5). At one row the chunk's x vectors
-// held at once take 16 more: 80 registers (6 blocks), rope 88 (5; at 80 it
-// spilled). 8 rows (a tuning candidate only) and the folded norm: the
-// compiler's choice (0).
+// Blocks an SM: as many as the registers allow without spills. Each row's x
+// vectors of a chunk are held at once (16 registers a row), beside the
+// weights' 32 and the epilogue operands: 80 registers at one row (6 blocks),
+// rope 88 (5; at 80 it spilled), up to 128 at two rows (4), 168 at four (3).
+// 8 rows (a tuning candidate only) and the folded norm: the compiler's
+// choice (0).
 template <int kM, int kMode, bool kNorm>
 constexpr int GemvMinBlocks() {
   if (kNorm || kM > 4) return 0;
   if (kM == 1) return kMode == kRopeKv ? 5 : 6;
-  return 5;
+  return kM == 2 ? 4 : 3;
 }
 
 // Each warp owns one unit (a pair of weight rows, or a gate/up pair) at a
@@ -276,11 +276,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
       rows_of(unit, w0, w1);
       for (int64_t base = base0; base < nvec; base += 32 * kGemvUnroll * split) {
         if (k != 0 || base != base0) load(w0, w1, base);  // else loaded before the wait
-        // The chunk's x vectors of a row (and the norm weights) are loaded
-        // together, before any math: issued one by one behind each vector's
-        // bounds branch, they were four serial L1/L2 round trips a chunk
-        // (H200, one-row down [2048, 8192] in a graph: 13.2 us against 9.6 for
-        // the same weight stream with x loaded up front).
+        // The chunk's x vectors of every row (and the norm weights) are
+        // loaded together, before any math: issued one by one behind each
+        // vector's bounds branch, they were four serial L1/L2 round trips a
+        // chunk and row (H200, one-row down [2048, 8192] in a graph: 13.2 us
+        // against 9.6 for the same weight stream with x loaded up front).
         uint4 gr[kGemvUnroll];
         if constexpr (kNorm) {
 #pragma unroll
@@ -289,22 +289,26 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
             gr[u] = i < nvec ? __ldg(gv + i) : make_uint4(0, 0, 0, 0);
           }
         }
+        uint4 xr[kM][kGemvUnroll];
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          if (m > 0 && m >= p.M) continue;  // M >= 1: row 0 always exists
-          uint4 xr[kGemvUnroll];
 #pragma unroll
           for (int u = 0; u < kGemvUnroll; ++u) {
             const int64_t i = base + 32 * u;
-            xr[u] = i < nvec ? __ldg(xv + m * nvec + i) : make_uint4(0, 0, 0, 0);
+            // M >= 1: row 0 always exists.
+            xr[m][u] = i < nvec && (m == 0 || m < p.M) ? __ldg(xv + m * nvec + i) : make_uint4(0, 0, 0, 0);
           }
+        }
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          if (m > 0 && m >= p.M) continue;
 #pragma unroll
           for (int u = 0; u < kGemvUnroll; ++u) {
             if (base + 32 * u >= nvec) continue;
             float fa[V::kN], fb[V::kN], fx[V::kN];
             V::Load(a[u], fa);
             V::Load(b[u], fb);
-            V::Load(xr[u], fx);
+            V::Load(xr[m][u], fx);
             if constexpr (kNorm) {
               float fg[V::kN];
               V::Load(gr[u], fg);

@@ -39,14 +39,20 @@ struct LinearConfig {
 // (SkinnyGemmByDefault), cuBLASLt beyond. Measured on the H100: swiglu_mlp M=1
 // D=4096 I=14336 129-131 us through the fused SwiGLU GEMV against 131-132 us
 // for cuBLASLt's two GEMMs alone; at 2 rows and more the GEMV's FMA and x
-// loads per weight byte make it issue-bound (1B decode step, same call:
+// loads per weight byte made it issue-bound (1B decode step, same call:
 // B=2 1.352-1.360 ms on the GEMV against 1.197-1.201 on the skinny GEMM, B=4
-// 1.73-1.74 against 1.21; bench/notes/decode_fusion.md), so one row only. The
-// tuner may pick any candidate that fits the shape.
+// 1.73-1.74 against 1.21; bench/notes/decode_fusion.md). Since the GEMV
+// loads a chunk's x vectors at once, two rows of a long reduction stream
+// faster on it (H200, 1B down [2048, 8192] at M=2: 10.9 us against 13.8 on
+// the skinny GEMM), shorter ones not (K = 2048: 4.5 / 6.1 us against 4.2 / 5.6;
+// bench/gpu_gemv_stream_bench). The tuner may pick any candidate that fits
+// the shape.
 constexpr int64_t kGemvAutoMaxM = 1;
-// The built-in rule's GEMV limit: kGemvAutoMaxM, or FUSEDSERVE_GEMV_MAX_M
-// (0-8) from the environment, read once (A/B runs).
-int64_t GemvAutoMaxM();
+constexpr int64_t kGemvTwoRowMinK = 8192;
+// The built-in rule's GEMV: M <= kGemvAutoMaxM, or two rows with K >=
+// kGemvTwoRowMinK; with FUSEDSERVE_GEMV_MAX_M=n (0-8) in the environment,
+// read once (A/B runs), M <= n instead.
+bool GemvByDefault(int64_t M, int64_t K);
 
 std::string FormatLinearConfig(const LinearConfig& c);
 // False (and *c untouched) when `s` is not a well-formed linear config.

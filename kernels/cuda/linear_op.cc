@@ -26,12 +26,13 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
   return true;
 }
 
-int64_t GemvAutoMaxM() {
-  static const int64_t m = [] {
+bool GemvByDefault(int64_t M, int64_t K) {
+  static const int64_t env_max = [] {  // -1: not set
     const char* e = std::getenv("FUSEDSERVE_GEMV_MAX_M");
-    return e != nullptr && e[0] >= '0' && e[0] <= '8' && e[1] == '\0' ? int64_t{e[0] - '0'} : kGemvAutoMaxM;
+    return e != nullptr && e[0] >= '0' && e[0] <= '8' && e[1] == '\0' ? int64_t{e[0] - '0'} : int64_t{-1};
   }();
-  return m;
+  if (env_max >= 0) return M <= env_max;
+  return M <= kGemvAutoMaxM || (M == 2 && K >= kGemvTwoRowMinK);
 }
 
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K) {
@@ -59,7 +60,7 @@ LinearPath ChosenLinearPath(const cuda::GemmParams& g, const LinearConfig& c) {
   if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;
   if (c.path == LinearPath::kSkinny && skinny_ok) return LinearPath::kSkinny;
   if (c.path != LinearPath::kGemm) {  // the built-in rule
-    if (gemv_ok && g.M <= GemvAutoMaxM()) return LinearPath::kGemv;
+    if (gemv_ok && GemvByDefault(g.M, g.K)) return LinearPath::kGemv;
     if (skinny_ok && cuda::SkinnyGemmByDefault(g.M, g.N, g.K, false)) return LinearPath::kSkinny;
   }
   return LinearPath::kGemm;

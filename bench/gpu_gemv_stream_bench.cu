@@ -1,24 +1,25 @@
-// Does a one-row GEMV's weight stream depend on the matrix's shape and on
-// the order in which warps walk their rows? (The 1B decode step's down
-// projection, [2048, 8192], streams at 59% of copy bandwidth on the H200;
-// gate_up, [16384, 2048], at 82%: bench/notes/decode_fusion.md.)
+// How fast the decode step's GEMV streams its weights, against a bare
+// stream of the same bytes. (The 1B decode step's one-row down projection,
+// [2048, 8192], streamed at 59% of copy bandwidth on the H200 while a bare
+// stream of it reaches 87%: bench/notes/decode_fusion.md, fifteenth session.)
 //
-// The kernel is the product GEMV's streaming core (gemv.cu): a warp owns two
-// rows, `split` warps share them (each every split-th 2 KB chunk of a row),
-// four 16-byte evict-first loads a row in flight per lane, x read through L1.
-// Orders: 0 = every warp walks its rows from the start (the product), 1 =
-// warp w starts at chunk (w % chunks) and wraps, 2 = the start offsets
-// spread by a multiplicative hash of the unit.
-// Beside it, the product's fused GEMV (LaunchGemvFused) on the decode step's
-// shapes: plain, with the residual, with the residual and the next norm's
-// epilogue (down's and o_proj's form), launched as the model launches it
-// (programmatic dependent launch), and the probe with and without PDL:
-// what the product's epilogue and launch cost over the bare stream.
+// The probe kernel is the product GEMV's streaming core (gemv.cu) and
+// nothing else: a warp owns two rows, `split` warps share them (each every
+// split-th 2 KB chunk of a row), four 16-byte evict-first loads a row in
+// flight per lane, x read through L1, the PDL wait after the first loads.
+// (Walking the rows from rotated starting chunks, or the same bytes as
+// [8192, 2048] or [1024, 16384], made no difference to it.) Beside it, the
+// product on the 1B decode shapes: the fused GEMV (LaunchGemvFused) plain,
+// with the residual, with the residual and the next norm's epilogue (down's
+// and o_proj's form), at one row, and at two and four rows the GEMV and the
+// register skinny GEMM (LaunchSkinnyGemmFused) with that epilogue, launched
+// as the model launches them (programmatic dependent launch).
 // Each launch reads a cold copy of the weights (copies rotate, 8x the largest
 // matrix in all); one pass over the copies is one CUDA graph, replayed, as
 // the model's decode step is, so host launch costs do not count.
 //
-//   gpu_gemv_stream_bench            (us and GB/s of the weight bytes; the D2D copy first)
+//   gpu_gemv_stream_bench    us, GB/s of the weight bytes and % of the device-to-device
+//                            copy bandwidth measured first (FS_QUICK=1: down only, for ncu)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -53,7 +54,7 @@ __device__ __forceinline__ float Dot8(uint4 w, uint4 x) {
 
 __global__ void __launch_bounds__(kWarps * 32, 7)
     StreamKernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int N,
-                 int K, int split, int order) {
+                 int K, int split) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slice = warp % split;
   const int unit = blockIdx.x * (kWarps / split) + warp / split;
@@ -61,16 +62,12 @@ __global__ void __launch_bounds__(kWarps * 32, 7)
   const int nvec = K / 8;
   const int chunk = 32 * kUnroll;            // vectors a warp loads a row per step
   const int steps = nvec / (chunk * split);  // K a multiple of 1024 * split here
-  int rot = 0;
-  if (order == 1) rot = unit % steps;
-  if (order == 2) rot = static_cast<int>((static_cast<unsigned>(unit) * 2654435761u) >> 16) % steps;
   const uint4* w0 = reinterpret_cast<const uint4*>(w + static_cast<size_t>(2 * unit) * K);
   const uint4* w1 = reinterpret_cast<const uint4*>(w + static_cast<size_t>(2 * unit + 1) * K);
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   float a0 = 0.0f, a1 = 0.0f;
   for (int s = 0; s < steps; ++s) {
-    const int step = (s + rot) % steps;
-    const int base = (step * split + slice) * chunk + lane;
+    const int base = (s * split + slice) * chunk + lane;
     uint4 a[kUnroll], b[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -112,7 +109,7 @@ void LaunchProbe(cudaStream_t stream, int blocks, bool pdl, const __nv_bfloat16*
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split, 0));
+  CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split));
 }
 
 // Elements of each activation buffer: 4 rows of the widest matrix.
@@ -170,6 +167,7 @@ int main() {
   };
 
   // The ceiling: device-to-device copy of 268 MB (read + write counted).
+  double copy_gbs = 0.0;
   {
     const size_t n = bytes * 4;
     void* dst = nullptr;
@@ -181,10 +179,11 @@ int main() {
     CHECK(cudaEventSynchronize(e1));
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("copy: %.0f GB/s (read + write)\n", 2.0 * n * 10 / (ms * 1e-3) / 1e9);
+    copy_gbs = 2.0 * n * 10 / (ms * 1e-3) / 1e9;
+    std::printf("copy: %.0f GB/s (read + write)\n", copy_gbs);
     CHECK(cudaFree(dst));
   }
-  std::printf("%-6s %-6s %-28s %9s %8s\n", "N", "K", "kernel", "us", "GB/s");
+  std::printf("%-6s %-6s %-32s %9s %8s %6s\n", "N", "K", "kernel", "us", "GB/s", "%copy");
   struct Shape {
     int N, K;
   };
@@ -194,7 +193,8 @@ int main() {
     const size_t mbytes = static_cast<size_t>(sh.N) * sh.K * 2;
     const size_t stride = bytes / 2;  // elements between copies
     auto row = [&](const char* name, double us) {
-      std::printf("%-6d %-6d %-28s %9.2f %8.0f\n", sh.N, sh.K, name, us, mbytes / (us * 1e-6) / 1e9);
+      const double gbs = mbytes / (us * 1e-6) / 1e9;
+      std::printf("%-6d %-6d %-32s %9.2f %8.0f %5.1f%%\n", sh.N, sh.K, name, us, gbs, 100.0 * gbs / copy_gbs);
     };
     for (int split : {1, 2, 4}) {
       if (sh.K / 8 < 128 * split) continue;

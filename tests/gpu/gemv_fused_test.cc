@@ -13,12 +13,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/gemv.h"
+#include "kernels/cuda/linear.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/skinny_hopper.h"
 #include "kernels/dtype.h"
@@ -509,6 +511,18 @@ TEST(GemvFusionTest, EpiloguesCombine) {
   EXPECT_TRUE(r.EpiloguesCombine());  // QKV
   r.residual = &res;
   EXPECT_FALSE(r.EpiloguesCombine());  // rope writes q and the cache, never a residual sum
+}
+
+// Host-only: the built-in rule's GEMV rows (linear.h).
+TEST(GemvByDefaultTest, OneRowAndTwoRowsOfLongReductions) {
+  if (std::getenv("FUSEDSERVE_GEMV_MAX_M") != nullptr) GTEST_SKIP() << "FUSEDSERVE_GEMV_MAX_M overrides the rule";
+  EXPECT_TRUE(cuda::GemvByDefault(1, 64));
+  EXPECT_TRUE(cuda::GemvByDefault(1, 8192));
+  EXPECT_TRUE(cuda::GemvByDefault(2, cuda::kGemvTwoRowMinK));  // the 1B down projection
+  EXPECT_TRUE(cuda::GemvByDefault(2, 14336));                  // llama-3-8b's
+  EXPECT_FALSE(cuda::GemvByDefault(2, 2048));                  // o_proj, QKV, gate_up: the skinny GEMM
+  EXPECT_FALSE(cuda::GemvByDefault(3, 8192));
+  EXPECT_FALSE(cuda::GemvByDefault(4, 14336));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemvFusedTest, ::testing::Values(DType::kBF16, DType::kF16),

@@ -26,17 +26,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "bench/bench_common.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/skinny_gemm.h"
-
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 constexpr int kWarps = 4, kUnroll = 4;
 
@@ -109,7 +101,7 @@ void LaunchProbe(cudaStream_t stream, int blocks, bool pdl, const __nv_bfloat16*
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split));
+  BENCH_CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split));
 }
 
 // Elements of each activation buffer: 4 rows of the widest matrix.
@@ -118,71 +110,47 @@ constexpr size_t kAct = 4 * 16384;
 int main() {
   namespace fc = fusedserve::cuda;
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t bytes = size_t{16384} * 2048 * 2;  // 67 MB: the largest matrix below (gate_up)
   const int copies = 8;                           // 537 MB: every launch reads a cold copy
-  // FS_QUICK=1: the down shape only, one replay (for ncu).
+  // FS_QUICK=1: the down shape only, one timed replay (for ncu).
   const bool quick = std::getenv("FS_QUICK") != nullptr;
-  const int passes = quick ? 1 : 20;  // graph replays timed
+  const int passes = quick ? 1 : 20;  // graph replays timed (median)
   __nv_bfloat16 *w = nullptr, *x = nullptr, *res = nullptr, *gnext = nullptr, *nout = nullptr, *yb = nullptr;
   float* y = nullptr;
   unsigned long long* sq = nullptr;
-  CHECK(cudaMalloc(&w, bytes * copies));
-  CHECK(cudaMalloc(&x, kAct * 2));
-  CHECK(cudaMalloc(&y, kAct * 4));
-  CHECK(cudaMalloc(&yb, kAct * 2));
-  CHECK(cudaMalloc(&res, kAct * 2));
-  CHECK(cudaMalloc(&gnext, kAct * 2));
-  CHECK(cudaMalloc(&nout, kAct * 2));
-  CHECK(cudaMalloc(&sq, 16 * 8));
-  CHECK(cudaMemset(w, 0x3c, bytes * copies));
+  BENCH_CHECK(cudaMalloc(&w, bytes * copies));
+  BENCH_CHECK(cudaMalloc(&x, kAct * 2));
+  BENCH_CHECK(cudaMalloc(&y, kAct * 4));
+  BENCH_CHECK(cudaMalloc(&yb, kAct * 2));
+  BENCH_CHECK(cudaMalloc(&res, kAct * 2));
+  BENCH_CHECK(cudaMalloc(&gnext, kAct * 2));
+  BENCH_CHECK(cudaMalloc(&nout, kAct * 2));
+  BENCH_CHECK(cudaMalloc(&sq, 16 * 8));
+  BENCH_CHECK(cudaMemset(w, 0x3c, bytes * copies));
   for (void* p : {static_cast<void*>(x), static_cast<void*>(res), static_cast<void*>(gnext)})
-    CHECK(cudaMemset(p, 0x3c, kAct * 2));
-  CHECK(cudaMemset(sq, 0, 16 * 8));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+    BENCH_CHECK(cudaMemset(p, 0x3c, kAct * 2));
+  BENCH_CHECK(cudaMemset(sq, 0, 16 * 8));
   cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Microseconds a launch: one graph of `copies` launches (launch(stream, i)
-  // reads copy i), replayed.
+  // reads copy i), replayed (bench_common.h's GraphReplayUs).
   auto time_us = [&](auto&& launch) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < copies; ++i) launch(stream, i);
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaStreamSynchronize(stream));
-    CHECK(cudaEventRecord(e0, stream));
-    for (int i = 0; i < passes; ++i) CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    return ms * 1e3 / (passes * copies);
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const double us = fusedserve::bench::GraphReplayUs(stream, exec, copies, passes);
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    return us;
   };
 
-  // The ceiling: device-to-device copy of 268 MB (read + write counted).
-  double copy_gbs = 0.0;
-  {
-    const size_t n = bytes * 4;
-    void* dst = nullptr;
-    CHECK(cudaMalloc(&dst, n));
-    CHECK(cudaMemcpy(dst, w, n, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < 10; ++i) CHECK(cudaMemcpy(dst, w + (i % 2) * (n / 2), n, cudaMemcpyDeviceToDevice));
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    copy_gbs = 2.0 * n * 10 / (ms * 1e-3) / 1e9;
-    std::printf("copy: %.0f GB/s (read + write)\n", copy_gbs);
-    CHECK(cudaFree(dst));
-  }
+  // The ceiling: device-to-device copy bandwidth (read + write counted).
+  const double copy_gbs = fusedserve::bench::CopyBandwidthGBs(stream);
+  std::printf("copy: %.0f GB/s (read + write)\n", copy_gbs);
   std::printf("%-6s %-6s %-32s %9s %8s %6s\n", "N", "K", "kernel", "us", "GB/s", "%copy");
   struct Shape {
     int N, K;

@@ -364,8 +364,11 @@ int SkinnyHopperMode() {
   }();
   return SkinnyHopperAvailable() ? mode : 0;
 }
-bool SkinnyHopperFused(int64_t M, int64_t N, int64_t K, const GemvFusion& f, bool swiglu) {
-  if (M <= 8) return false;
+// N output features (SwiGLU: I) from x [M,K] and w; y the output, which the
+// Hopper kernel also needs 16-byte aligned.
+bool SkinnyHopperFused(DType dtype, int64_t M, int64_t N, int64_t K, const void* x, const void* w, const void* y,
+                       const GemvFusion& f, bool swiglu) {
+  if (M <= 8 || !SkinnyHopperSupported(dtype, M, N, K, x, w) || !Aligned16(y)) return false;
   switch (SkinnyHopperMode()) {
     case 1:
       return !swiglu && K >= 2 * N && f.residual != nullptr && !f.rope_kv && f.sq_in == nullptr;
@@ -438,8 +441,7 @@ CudaStatus LaunchSkinnyGemmFused(DType dtype, int64_t M, int64_t N, int64_t K, c
     return CudaStatus::Error("fused skinny GEMM: no output");
   }
   // Above the narrow kernel's rows SkinnyGemmSupported implies the Hopper kernel.
-  if (M > kSkinnyNarrowMaxM ||
-      (SkinnyHopperFused(M, N, K, f, false) && SkinnyHopperSupported(dtype, M, N, K, x, w) && Aligned16(y)))
+  if (M > kSkinnyNarrowMaxM || SkinnyHopperFused(dtype, M, N, K, x, w, y, f, false))
     return LaunchSkinnyHopperFused(dtype, M, N, K, x, w, y, f, stream);
   SkinnyParams p = PlainParams(x, w, y, M, N, K);
   p.residual = f.residual;
@@ -459,8 +461,7 @@ CudaStatus LaunchSkinnySwigluFused(DType dtype, int64_t M, int64_t D, int64_t I,
   if (!SkinnyGemmSupported(dtype, M, I, D, x, gate_up))
     return CudaStatus::Unsupported("fused skinny SwiGLU: unsupported problem");
   if (!f.OnlyConsumerSums()) return CudaStatus::Unsupported("fused skinny SwiGLU: only a producer's sums");
-  if (M > kSkinnyNarrowMaxM ||
-      (SkinnyHopperFused(M, I, D, f, true) && SkinnyHopperSupported(dtype, M, I, D, x, gate_up) && Aligned16(h)))
+  if (M > kSkinnyNarrowMaxM || SkinnyHopperFused(dtype, M, I, D, x, gate_up, h, f, true))
     return LaunchSkinnyHopperSwiglu(dtype, M, D, I, x, gate_up, h, stream, f);
   SkinnyParams p = PlainParams(x, gate_up, h, M, I, D);
   p.sq_in = f.sq_in;

@@ -14,17 +14,25 @@
 // and o_proj's form), at one row, and at two and four rows the GEMV and the
 // register skinny GEMM (LaunchSkinnyGemmFused) with that epilogue, launched
 // as the model launches them (programmatic dependent launch).
+// Each probe split is also run capped at 4 blocks an SM (dynamic shared
+// memory), and one launch of each counts its blocks per SM (%smid): the cap
+// made the same grid faster though the blocks spread alike (gemv.cu's
+// kGemvSmBlocksCap).
 // Each launch reads a cold copy of the weights (copies rotate, 8x the largest
 // matrix in all); one pass over the copies is one CUDA graph, replayed, as
 // the model's decode step is, so host launch costs do not count.
 //
 //   gpu_gemv_stream_bench    us, GB/s of the weight bytes and % of the device-to-device
-//                            copy bandwidth measured first (FS_QUICK=1: down only, for ncu)
+//                            copy bandwidth measured first (FS_QUICK=1: down only, for ncu;
+//                            FS_SHAPES=8b: llama-3-8b's shapes instead of the 1B model's)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "bench/bench_common.h"
 #include "kernels/cuda/gemv.h"
@@ -46,7 +54,12 @@ __device__ __forceinline__ float Dot8(uint4 w, uint4 x) {
 
 __global__ void __launch_bounds__(kWarps * 32, 7)
     StreamKernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int N,
-                 int K, int split) {
+                 int K, int split, unsigned* sm_blocks) {
+  if (sm_blocks != nullptr && threadIdx.x == 0) {  // where the blocks ran (one untimed launch)
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    atomicAdd(sm_blocks + smid, 1u);
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int slice = warp % split;
   const int unit = blockIdx.x * (kWarps / split) + warp / split;
@@ -90,10 +103,12 @@ __global__ void __launch_bounds__(kWarps * 32, 7)
   }
 }
 
+// smem: dynamic shared memory that caps the blocks an SM holds (0: none).
 void LaunchProbe(cudaStream_t stream, int blocks, bool pdl, const __nv_bfloat16* w, const __nv_bfloat16* x, float* y,
-                 int N, int K, int split) {
+                 int N, int K, int split, size_t smem = 0, unsigned* sm_blocks = nullptr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
+  cfg.dynamicSmemBytes = smem;
   cfg.blockDim = dim3(kWarps * 32);
   cfg.stream = stream;
   cudaLaunchAttribute attr;
@@ -101,20 +116,34 @@ void LaunchProbe(cudaStream_t stream, int blocks, bool pdl, const __nv_bfloat16*
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  BENCH_CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split));
+  BENCH_CHECK(cudaLaunchKernelEx(&cfg, StreamKernel, w, x, y, N, K, split, sm_blocks));
 }
 
 // Elements of each activation buffer: 4 rows of the widest matrix.
-constexpr size_t kAct = 4 * 16384;
+constexpr size_t kAct = 4 * 32768;
+constexpr int kMaxSms = 256;
+
+struct Shape {
+  int N, K;
+};
 
 int main() {
   namespace fc = fusedserve::cuda;
   int sms = 0;
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t bytes = size_t{16384} * 2048 * 2;  // 67 MB: the largest matrix below (gate_up)
-  const int copies = 8;                           // 537 MB: every launch reads a cold copy
   // FS_QUICK=1: the down shape only, one timed replay (for ncu).
   const bool quick = std::getenv("FS_QUICK") != nullptr;
+  // down, o_proj, QKV and gate_up (as one plain matrix) of the 1B model, or
+  // with FS_SHAPES=8b of llama-3-8b.
+  const char* shapes_env = std::getenv("FS_SHAPES");
+  const bool llama8b = shapes_env != nullptr && std::string(shapes_env) == "8b";
+  const std::vector<Shape> shapes = llama8b
+                                        ? std::vector<Shape>{{4096, 14336}, {4096, 4096}, {6144, 4096}, {28672, 4096}}
+                                        : std::vector<Shape>{{2048, 8192}, {2048, 2048}, {3072, 2048}, {16384, 2048}};
+  const int quick_k = shapes[0].K;
+  size_t bytes = 0;  // the largest matrix (gate_up)
+  for (Shape sh : shapes) bytes = std::max(bytes, static_cast<size_t>(sh.N) * sh.K * 2);
+  const int copies = 8;               // every launch reads a cold copy (537 MB for the 1B shapes, 1.9 GB for 8B)
   const int passes = quick ? 1 : 20;  // graph replays timed (median)
   __nv_bfloat16 *w = nullptr, *x = nullptr, *res = nullptr, *gnext = nullptr, *nout = nullptr, *yb = nullptr;
   float* y = nullptr;
@@ -127,6 +156,8 @@ int main() {
   BENCH_CHECK(cudaMalloc(&gnext, kAct * 2));
   BENCH_CHECK(cudaMalloc(&nout, kAct * 2));
   BENCH_CHECK(cudaMalloc(&sq, 16 * 8));
+  unsigned* sm_blocks = nullptr;
+  BENCH_CHECK(cudaMalloc(&sm_blocks, kMaxSms * sizeof(unsigned)));
   BENCH_CHECK(cudaMemset(w, 0x3c, bytes * copies));
   for (void* p : {static_cast<void*>(x), static_cast<void*>(res), static_cast<void*>(gnext)})
     BENCH_CHECK(cudaMemset(p, 0x3c, kAct * 2));
@@ -152,12 +183,8 @@ int main() {
   const double copy_gbs = fusedserve::bench::CopyBandwidthGBs(stream);
   std::printf("copy: %.0f GB/s (read + write)\n", copy_gbs);
   std::printf("%-6s %-6s %-32s %9s %8s %6s\n", "N", "K", "kernel", "us", "GB/s", "%copy");
-  struct Shape {
-    int N, K;
-  };
-  // down, o_proj, QKV and gate_up (as one plain matrix) of the 1B model.
-  for (Shape sh : {Shape{2048, 8192}, Shape{2048, 2048}, Shape{3072, 2048}, Shape{16384, 2048}}) {
-    if (quick && sh.K != 8192) continue;
+  for (Shape sh : shapes) {
+    if (quick && sh.K != quick_k) continue;
     const size_t mbytes = static_cast<size_t>(sh.N) * sh.K * 2;
     const size_t stride = bytes / 2;  // elements between copies
     auto row = [&](const char* name, double us) {
@@ -165,7 +192,7 @@ int main() {
       std::printf("%-6d %-6d %-32s %9.2f %8.0f %5.1f%%\n", sh.N, sh.K, name, us, gbs, 100.0 * gbs / copy_gbs);
     };
     for (int split : {1, 2, 4}) {
-      if (sh.K / 8 < 128 * split) continue;
+      if (sh.K / 8 % (128 * split) != 0) continue;  // the probe streams whole chunks only
       const int blocks = (sh.N / 2 * split + kWarps - 1) / kWarps;
       for (bool pdl : {false, true}) {
         char name[64];
@@ -173,6 +200,29 @@ int main() {
         row(name, time_us([&](cudaStream_t st, int i) {
               LaunchProbe(st, blocks, pdl, w + i * stride, x, y, sh.N, sh.K, split);
             }));
+      }
+      // The same grid with at most 4 blocks an SM (dynamic shared memory
+      // that a fifth would not fit beside), and how the blocks spread over
+      // the SMs without and with that cap: a grid below the GPU's resident
+      // capacity is not spread evenly by itself.
+      const size_t cap4 = 228 * 1024 / 5;
+      row("probe 4 blocks/SM cap", time_us([&](cudaStream_t st, int i) {
+            LaunchProbe(st, blocks, false, w + i * stride, x, y, sh.N, sh.K, split, cap4);
+          }));
+      for (size_t smem : {size_t{0}, cap4}) {
+        BENCH_CHECK(cudaMemsetAsync(sm_blocks, 0, kMaxSms * sizeof(unsigned), stream));
+        LaunchProbe(stream, blocks, false, w, x, y, sh.N, sh.K, split, smem, sm_blocks);
+        unsigned h[kMaxSms];
+        BENCH_CHECK(cudaMemcpyAsync(h, sm_blocks, sizeof(h), cudaMemcpyDeviceToHost, stream));
+        BENCH_CHECK(cudaStreamSynchronize(stream));  // a non-blocking stream: not ordered with the legacy one
+        unsigned lo = ~0u, hi = 0, used = 0;
+        for (int i = 0; i < sms && i < kMaxSms; ++i) {
+          lo = std::min(lo, h[i]);
+          hi = std::max(hi, h[i]);
+          used += h[i] != 0;
+        }
+        std::printf("       probe split %d%s: %d blocks, %u-%u an SM, %u of %d SMs\n", split, smem ? " capped" : "",
+                    blocks, lo, hi, used, sms);
       }
     }
     // The product at M rows: the GEMV, or the register skinny GEMM (the

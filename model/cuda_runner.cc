@@ -913,11 +913,11 @@ class CudaModelRunner final : public ModelRunner {
     return Norm(cuda::NormKind::kAddRms, sums, residual, weight, T, y, residual_out);
   }
 
-  // Where kernel k's projection (reduction K) runs at M rows in the fused
+  // Where kernel k's projection runs at M rows in the fused
   // decode step (its tuned config or the built-in rule): the GEMV, the narrow
   // skinny GEMM (both take gemv.h's decode epilogues), or another path.
   enum class DecodePath { kGemv, kSkinny, kOther };
-  DecodePath DecodeProjection(ModelKernel k, int64_t M, int64_t K) {
+  DecodePath DecodeProjection(ModelKernel k, int64_t M) {
     const std::string& config = Tuned(k, M);
     cuda::LinearPath path = cuda::LinearPath::kDefault;
     int algo = 0;
@@ -932,8 +932,7 @@ class CudaModelRunner final : public ModelRunner {
       algo = c.algo;
     }
     using cuda::LinearPath;
-    if (path == LinearPath::kGemv || (path == LinearPath::kDefault && cuda::GemvByDefault(M, K)))
-      return DecodePath::kGemv;
+    if (path == LinearPath::kGemv || (path == LinearPath::kDefault && cuda::GemvByDefault(M))) return DecodePath::kGemv;
     if (M <= cuda::kSkinnyNarrowMaxM && (path == LinearPath::kDefault || (path == LinearPath::kSkinny && algo == 0)))
       return DecodePath::kSkinny;
     // 33-64 rows: the layers' projections on the Hopper skinny kernel, whose
@@ -948,7 +947,7 @@ class CudaModelRunner final : public ModelRunner {
   // Whether the projection (N outputs, reduction K) of kernel k runs fused at
   // T rows: its DecodeProjection and the kernel's shape rules.
   bool DecodeFusable(ModelKernel k, int64_t T, int64_t N, int64_t K) {
-    switch (DecodeProjection(k, T, K)) {
+    switch (DecodeProjection(k, T)) {
       case DecodePath::kGemv:
         return cuda::GemvShape(dt_, T, K);
       case DecodePath::kSkinny:
@@ -1074,7 +1073,7 @@ class CudaModelRunner final : public ModelRunner {
     const bool fuse_rope = (fuse_ & CudaModelRunnerOptions::kDecodeFuseRope) != 0;
     auto gemv = [&](ModelKernel k, const void* x, const void* w, int64_t N, int64_t K, void* y,
                     const cuda::GemvFusion& f, const char* what) {
-      return CudaToAbsl(DecodeProjection(k, T, K) == DecodePath::kGemv
+      return CudaToAbsl(DecodeProjection(k, T) == DecodePath::kGemv
                             ? cuda::LaunchGemvFused(dt_, T, N, K, x, w, y, f, stream_)
                             : cuda::LaunchSkinnyGemmFused(dt_, T, N, K, x, w, y, f, stream_),
                         what);
@@ -1176,7 +1175,7 @@ class CudaModelRunner final : public ModelRunner {
         if (norm_epi) g.sq_in = sq_mlp;
         g.eps = eps;
         if (absl::Status status = CudaToAbsl(
-                DecodeProjection(ModelKernel::kSwiglu, T, D) == DecodePath::kGemv
+                DecodeProjection(ModelKernel::kSwiglu, T) == DecodePath::kGemv
                     ? cuda::LaunchGemvSwigluFused(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), g, stream_)
                     : cuda::LaunchSkinnySwigluFused(dt_, T, D, I, gate_in, L.gate_up.get(), act_.get(), g, stream_),
                 "gate_up");

@@ -400,17 +400,34 @@ CudaStatus LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, si
   return FS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-// Blocks of `threads` threads of `kernel` the current device holds at once
-// (SMs x blocks per SM): the size of one full wave.
+// Blocks of `threads` threads of `kernel` (with `smem` bytes of dynamic
+// shared memory each) the current device holds at once (SMs x blocks per
+// SM): the size of one full wave.
 template <typename Kernel>
-CudaStatus ResidentBlocks(Kernel kernel, int threads, int64_t* blocks) {
+CudaStatus ResidentBlocks(Kernel kernel, int threads, int64_t* blocks, size_t smem = 0) {
   int device = 0, sms = 0, per_sm = 0;
   if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
   if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
     return s;
-  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0)); !s.ok())
+  if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+      !s.ok())
     return s;
   *blocks = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
+  return CudaStatus::Ok();
+}
+
+// Dynamic shared memory a block asks for so that an SM holds at most `cap`
+// of them (0 when that would take more than the 48 KB a launch gets without
+// opting in).
+inline CudaStatus SharedMemoryForBlockCap(int cap, size_t* smem) {
+  int device = 0, per_sm = 0;
+  if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
+  if (CudaStatus s =
+          FS_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+      !s.ok())
+    return s;
+  const size_t bytes = static_cast<size_t>(per_sm) / (cap + 1);  // cap + 1 blocks no longer fit
+  *smem = bytes <= 48 * 1024 ? bytes : 0;
   return CudaStatus::Ok();
 }
 

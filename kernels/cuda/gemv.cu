@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
@@ -188,8 +190,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
   const int slice = warp % split;
   const int64_t units = kSw ? p.N : (p.N + 1) / 2;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * (kGemvWarps / split) + warp / split) * units_per_warp;
-  const int64_t nvec = p.K / V::kN;
-  const int64_t base0 = lane + slice * 32 * kGemvUnroll;  // this lane's first vector of a row
+  // Vector offsets fit 32 bits (GemvShape bounds K): 64-bit index math and
+  // bounds checks were a third more instructions than a bare weight stream.
+  const int nvec = static_cast<int>(p.K / V::kN);
+  const int base0 = lane + slice * 32 * kGemvUnroll;  // this lane's first vector of a row
+  const int step = 32 * kGemvUnroll * split;          // vectors between a warp's chunks
   // The two weight rows of a unit (the second may not exist: r1 == N).
   auto rows_of = [&](int64_t unit, const uint4*& w0, const uint4*& w1) {
     const int64_t r0 = kSw ? unit : 2 * unit;
@@ -198,13 +203,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
     w1 = reinterpret_cast<const uint4*>(static_cast<const T*>(p.w) + (kSw || r1 < p.N ? r1 : r0) * p.K);
   };
   uint4 a[kGemvUnroll], b[kGemvUnroll];
-  auto load = [&](const uint4* w0, const uint4* w1, int64_t base) {
+  // A chunk's weights: w0 and w1 point at this lane's first vector of it,
+  // `left` vectors remain in the row from there. kGuard: the chunk may run
+  // past K (the row's last, partial chunk); a full chunk loads and
+  // multiplies without per-vector checks.
+  auto load = [&](const uint4* w0, const uint4* w1, int left, auto guard) {
+    constexpr bool kGuard = decltype(guard)::value;
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t i = base + 32 * u;
-      if (i < nvec) {
-        a[u] = LoadStream(w0 + i);
-        b[u] = LoadStream(w1 + i);
+      if (!kGuard || 32 * u < left) {
+        a[u] = LoadStream(w0 + 32 * u);
+        b[u] = LoadStream(w1 + 32 * u);
       }
     }
   };
@@ -215,7 +224,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
   if (first < units) {
     const uint4 *w0, *w1;
     rows_of(first, w0, w1);
-    load(w0, w1, base0);
+    load(w0 + base0, w1 + base0, nvec - base0, std::true_type{});
   }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -271,61 +280,86 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
       for (int j = 0; j < kAcc; ++j) acc[m][j] = 0.0f;
     }
 
-    if (live) {
-      const uint4 *w0, *w1;
-      rows_of(unit, w0, w1);
-      for (int64_t base = base0; base < nvec; base += 32 * kGemvUnroll * split) {
-        if (k != 0 || base != base0) load(w0, w1, base);  // else loaded before the wait
-        // The chunk's x vectors of every row (and the norm weights) are
-        // loaded together, before any math: issued one by one behind each
-        // vector's bounds branch, they were four serial L1/L2 round trips a
-        // chunk and row (H200, one-row down [2048, 8192] in a graph: 13.2 us
-        // against 9.6 for the same weight stream with x loaded up front).
-        uint4 gr[kGemvUnroll];
-        if constexpr (kNorm) {
+    // One chunk: this lane's kGemvUnroll vectors of the two rows, times x
+    // (and the folded norm's weights), into acc. The pointers are at the
+    // lane's first vector of the chunk (x: of row 0), as in load.
+    auto chunk = [&](const uint4* w0, const uint4* w1, const uint4* x, const uint4* g, int left, bool loaded,
+                     auto guard) {
+      constexpr bool kGuard = decltype(guard)::value;
+      if (!loaded) load(w0, w1, left, guard);
+      // The chunk's x vectors of every row (and the norm weights) are
+      // loaded together, before any math: issued one by one behind each
+      // vector's bounds branch, they were four serial L1/L2 round trips a
+      // chunk and row (H200, one-row down [2048, 8192] in a graph: 13.2 us
+      // against 9.6 for the same weight stream with x loaded up front).
+      [[maybe_unused]] uint4 gr[kGemvUnroll];  // kNorm only
+      if constexpr (kNorm) {
 #pragma unroll
-          for (int u = 0; u < kGemvUnroll; ++u) {
-            const int64_t i = base + 32 * u;
-            gr[u] = i < nvec ? __ldg(gv + i) : make_uint4(0, 0, 0, 0);
-          }
+        for (int u = 0; u < kGemvUnroll; ++u) {
+          gr[u] = !kGuard || 32 * u < left ? __ldg(g + 32 * u) : make_uint4(0, 0, 0, 0);
         }
-        uint4 xr[kM][kGemvUnroll];
+      }
+      uint4 xr[kM][kGemvUnroll];
 #pragma unroll
-        for (int m = 0; m < kM; ++m) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-          for (int u = 0; u < kGemvUnroll; ++u) {
-            const int64_t i = base + 32 * u;
-            // M >= 1: row 0 always exists.
-            xr[m][u] = i < nvec && (m == 0 || m < p.M) ? __ldg(xv + m * nvec + i) : make_uint4(0, 0, 0, 0);
-          }
+        for (int u = 0; u < kGemvUnroll; ++u) {
+          // M >= 1: row 0 always exists.
+          xr[m][u] = (!kGuard || 32 * u < left) && (m == 0 || m < p.M) ? __ldg(x + (m * nvec + 32 * u))
+                                                                       : make_uint4(0, 0, 0, 0);
         }
+      }
+      // Vector by vector, each row's dot products: a vector's weights are
+      // converted once for all rows (each accumulator still adds in K order).
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        if (kGuard && 32 * u >= left) continue;
+        float fa[V::kN], fb[V::kN];
+        V::Load(a[u], fa);
+        V::Load(b[u], fb);
+        [[maybe_unused]] float fg[V::kN];
+        if constexpr (kNorm) V::Load(gr[u], fg);
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
           if (m > 0 && m >= p.M) continue;
+          float fx[V::kN];
+          V::Load(xr[m][u], fx);
+          if constexpr (kNorm) {
+            if (k == 0) {
 #pragma unroll
-          for (int u = 0; u < kGemvUnroll; ++u) {
-            if (base + 32 * u >= nvec) continue;
-            float fa[V::kN], fb[V::kN], fx[V::kN];
-            V::Load(a[u], fa);
-            V::Load(b[u], fb);
-            V::Load(xr[m][u], fx);
-            if constexpr (kNorm) {
-              float fg[V::kN];
-              V::Load(gr[u], fg);
-              if (k == 0) {
-#pragma unroll
-                for (int e = 0; e < V::kN; ++e) acc[m][2] = fmaf(fx[e], fx[e], acc[m][2]);
-              }
-#pragma unroll
-              for (int e = 0; e < V::kN; ++e) fx[e] *= fg[e];
+              for (int e = 0; e < V::kN; ++e) acc[m][2] = fmaf(fx[e], fx[e], acc[m][2]);
             }
 #pragma unroll
-            for (int e = 0; e < V::kN; ++e) {
-              acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
-              acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
-            }
+            for (int e = 0; e < V::kN; ++e) fx[e] *= fg[e];
+          }
+#pragma unroll
+          for (int e = 0; e < V::kN; ++e) {
+            acc[m][0] = fmaf(fa[e], fx[e], acc[m][0]);
+            acc[m][1] = fmaf(fb[e], fx[e], acc[m][1]);
           }
         }
+      }
+    };
+    if (live) {
+      const uint4 *w0, *w1;
+      rows_of(unit, w0, w1);
+      // The pointers advance with the chunks (the compiler recomputed the
+      // rows' 64-bit addresses for every chunk from offsets).
+      w0 += base0;
+      w1 += base0;
+      const uint4* x = xv + base0;
+      const uint4* g = kNorm ? gv + base0 : nullptr;
+      for (int left = nvec - base0; left > 0; left -= step) {
+        const bool loaded = k == 0 && left == nvec - base0;  // loaded before the wait
+        if (left > 32 * (kGemvUnroll - 1)) {
+          chunk(w0, w1, x, g, left, loaded, std::false_type{});
+        } else {
+          chunk(w0, w1, x, g, left, loaded, std::true_type{});
+        }
+        w0 += step;
+        w1 += step;
+        x += step;
+        if constexpr (kNorm) g += step;
       }
     }
 #pragma unroll
@@ -413,6 +447,48 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
   }
 }
 
+// How a launch spreads `units` over `resident_warps` warp slots (one wave
+// of equal work): every warp group gets the same number of consecutive
+// units (row pairs), so no block of a second wave starts late and all warps
+// drain together (with one unit per warp, the SwiGLU gate_up GEMV ran as 1.7
+// waves of 16 KB-per-warp blocks). Units fewer than the resident warps are
+// split over 2 or 4 warps.
+struct GemvGrid {
+  int split = 1;
+  int64_t units_per_warp = 1, groups = 1, blocks = 1;
+  int64_t Warps() const { return groups * split; }
+};
+GemvGrid PlanGemvGrid(int64_t units, int64_t resident_warps) {
+  GemvGrid g;
+  while (g.split < kGemvWarps && units * g.split * 2 <= resident_warps) g.split *= 2;
+  const int64_t unit_slots = resident_warps / g.split;  // warp groups resident at once
+  g.units_per_warp = (units + unit_slots - 1) / unit_slots;
+  g.groups = (units + g.units_per_warp - 1) / g.units_per_warp;
+  const int64_t groups_per_block = kGemvWarps / g.split;
+  g.blocks = (g.groups + groups_per_block - 1) / groups_per_block;
+  return g;
+}
+
+// Blocks an SM may hold of a GEMV (one row: registers allow 5-6). Measured on
+// the H200 (bench/gpu_gemv_stream_bench, bench/notes/decode_fusion.md,
+// sixteenth session): the same grid of one-row blocks streams faster when an
+// SM may hold at most 4 of them (llama-3-8b down [4096, 14336] 28.9 us
+// against 35.2, o_proj [4096, 4096] 9.9 / 11.5, the 1B down 10.0 / 11.3).
+// The blocks spread over the SMs alike either way (3-4 each, counted by
+// %smid), and the cap is set through dynamic shared memory although a full
+// shared-memory carveout without a cap makes the GEMV slower (down 35.2 ->
+// 38.5 us). The mechanism is not known; the cap is kept where the numbers
+// support it. FUSEDSERVE_GEMV_SM_BLOCKS=n (0-8, read once; 0: no cap)
+// overrides it for A/B runs.
+constexpr int kGemvSmBlocksCap = 4;
+int GemvSmBlocksCap() {
+  static const int cap = [] {
+    const char* e = std::getenv("FUSEDSERVE_GEMV_SM_BLOCKS");
+    return e != nullptr && e[0] >= '0' && e[0] <= '8' && e[1] == '\0' ? e[0] - '0' : kGemvSmBlocksCap;
+  }();
+  return cap;
+}
+
 // Launched as a programmatic dependent of the previous kernel (unless
 // FUSEDSERVE_PDL=0): its weight loads start during that kernel's tail.
 template <typename T, int kMode, bool kNorm>
@@ -422,25 +498,35 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
                 : p.M <= 2 ? GemvKernel<T, 2, kMode, kNorm>
                 : p.M <= 4 ? GemvKernel<T, 4, kMode, kNorm>
                            : GemvKernel<T, 8, kMode, kNorm>;
-  // One wave of equal work: every warp that fits on the GPU at once gets the
-  // same number of consecutive units (row pairs), so no block of a second
-  // wave starts late and all warps drain together. (With one unit per warp,
-  // the SwiGLU gate_up GEMV ran as 1.7 waves of 16 KB-per-warp blocks.)
-  // Units fewer than the resident warps are split over 2 or 4 warps.
-  int64_t resident_blocks = 0;
-  if (CudaStatus s = cuda::ResidentBlocks(kernel, kGemvWarps * 32, &resident_blocks); !s.ok()) return s;
+  constexpr int kThreads = kGemvWarps * 32;
   const int64_t units = kSw ? p.N : (p.N + 1) / 2;
-  const int64_t resident_warps = resident_blocks * kGemvWarps;
-  int split = 1;
-  while (split < kGemvWarps && units * split * 2 <= resident_warps) split *= 2;
-  const int64_t unit_slots = resident_warps / split;  // warp groups resident at once
-  const int64_t units_per_warp = (units + unit_slots - 1) / unit_slots;
-  const int64_t groups = (units + units_per_warp - 1) / units_per_warp;
-  const int64_t groups_per_block = kGemvWarps / split;
-  const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
-  if (blocks > 0x7fffffff) return CudaStatus::Error("GEMV: N too large");
-  return cuda::LaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kGemvWarps * 32), 0, stream, 1, p,
-                            units_per_warp, split);
+  int64_t resident_blocks = 0;
+  if (CudaStatus s = cuda::ResidentBlocks(kernel, kThreads, &resident_blocks); !s.ok()) return s;
+  GemvGrid grid = PlanGemvGrid(units, resident_blocks * kGemvWarps);
+  // The block cap (above), unless the wave it leaves has fewer than 2/3 of
+  // the warps: a grid that halves (one-row QKV: split 2 -> 1, or one unit a
+  // warp -> two) lost more than the cap gained (1B QKV 5.1 -> 5.3 us, 8B
+  // 13.4 -> 16.3); gate_up's (2/3-3/4 of the warps, more units each) did not
+  // (8B 59.2 -> 56.7, 1B 18.8 -> 18.1).
+  size_t smem = 0;
+  if (const int cap = GemvSmBlocksCap(); cap > 0) {
+    size_t cap_smem = 0;
+    if (CudaStatus s = cuda::SharedMemoryForBlockCap(cap, &cap_smem); !s.ok()) return s;
+    int64_t capped_blocks = 0;
+    if (cap_smem > 0) {
+      if (CudaStatus s = cuda::ResidentBlocks(kernel, kThreads, &capped_blocks, cap_smem); !s.ok()) return s;
+    }
+    if (capped_blocks > 0 && capped_blocks < resident_blocks) {
+      const GemvGrid capped = PlanGemvGrid(units, capped_blocks * kGemvWarps);
+      if (3 * capped.Warps() >= 2 * grid.Warps()) {
+        grid = capped;
+        smem = cap_smem;
+      }
+    }
+  }
+  if (grid.blocks > 0x7fffffff) return CudaStatus::Error("GEMV: N too large");
+  return cuda::LaunchKernel(kernel, dim3(static_cast<unsigned>(grid.blocks)), dim3(kThreads), smem, stream, 1, p,
+                            grid.units_per_warp, grid.split);
 }
 
 template <bool kSw>
@@ -569,7 +655,8 @@ CudaStatus LaunchMlpSiluAndMul(DType dtype, int64_t M, int64_t I, const void* x,
 }
 
 bool GemvShape(DType dtype, int64_t M, int64_t K) {
-  if (!IsFloat(dtype) || M < 1 || M > kGemvMaxM || K < 1) return false;
+  // K bounded so that the kernel's vector offsets (m * K / vector + i) fit 32 bits.
+  if (!IsFloat(dtype) || M < 1 || M > kGemvMaxM || K < 1 || K > (int64_t{1} << 26)) return false;
   return K % static_cast<int64_t>(16 / DTypeSize(dtype)) == 0;
 }
 

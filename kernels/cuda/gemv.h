@@ -34,7 +34,7 @@ CudaStatus LaunchMlpSiluAndMul(DType dtype, int64_t M, int64_t I, const void* x,
 // problem is weight-bandwidth bound (small M).
 constexpr int64_t kGemvMaxM = 8;
 // True when the GEMV path can run: M <= kGemvMaxM, K a multiple of the
-// 16-byte vector, x and w 16-byte aligned.
+// 16-byte vector and at most 2^26, x and w 16-byte aligned.
 bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w);
 // GemvSupported's shape rules alone (pointers aside): where GEMV is a tuning candidate.
 bool GemvShape(DType dtype, int64_t M, int64_t K);

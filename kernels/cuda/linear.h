@@ -42,17 +42,17 @@ struct LinearConfig {
 // loads per weight byte made it issue-bound (1B decode step, same call:
 // B=2 1.352-1.360 ms on the GEMV against 1.197-1.201 on the skinny GEMM, B=4
 // 1.73-1.74 against 1.21; bench/notes/decode_fusion.md). Since the GEMV
-// loads a chunk's x vectors at once, two rows of a long reduction stream
-// faster on it (H200, 1B down [2048, 8192] at M=2: 10.9 us against 13.8 on
-// the skinny GEMM), shorter ones not (K = 2048: 4.5 / 6.1 us against 4.2 / 5.6;
-// bench/gpu_gemv_stream_bench). The tuner may pick any candidate that fits
-// the shape.
-constexpr int64_t kGemvAutoMaxM = 1;
-constexpr int64_t kGemvTwoRowMinK = 8192;
-// The built-in rule's GEMV: M <= kGemvAutoMaxM, or two rows with K >=
-// kGemvTwoRowMinK; with FUSEDSERVE_GEMV_MAX_M=n (0-8) in the environment,
-// read once (A/B runs), M <= n instead.
-bool GemvByDefault(int64_t M, int64_t K);
+// loads a chunk's x vectors at once and streams whole chunks without
+// per-vector checks, two rows stream faster on it than on the skinny GEMM
+// for every 1B shape (H200, M=2 with the residual + next-norm epilogue:
+// down [2048, 8192] 10.4 us against 14.1, o_proj 4.4 / 4.5, QKV 5.7 / 5.8,
+// gate_up 18.6 / 21.1; the 1B B=2 step 0.82 ms against 0.87;
+// bench/gpu_gemv_stream_bench), four rows not (down 15.8 / 14.1). The tuner
+// may pick any candidate that fits the shape.
+constexpr int64_t kGemvAutoMaxM = 2;
+// The built-in rule's GEMV: M <= kGemvAutoMaxM; with FUSEDSERVE_GEMV_MAX_M=n
+// (0-8) in the environment, read once (A/B runs), M <= n instead.
+bool GemvByDefault(int64_t M);
 
 std::string FormatLinearConfig(const LinearConfig& c);
 // False (and *c untouched) when `s` is not a well-formed linear config.

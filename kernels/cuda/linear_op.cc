@@ -26,13 +26,13 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
   return true;
 }
 
-bool GemvByDefault(int64_t M, int64_t K) {
+bool GemvByDefault(int64_t M) {
   static const int64_t env_max = [] {  // -1: not set
     const char* e = std::getenv("FUSEDSERVE_GEMV_MAX_M");
     return e != nullptr && e[0] >= '0' && e[0] <= '8' && e[1] == '\0' ? int64_t{e[0] - '0'} : int64_t{-1};
   }();
   if (env_max >= 0) return M <= env_max;
-  return M <= kGemvAutoMaxM || (M == 2 && K >= kGemvTwoRowMinK);
+  return M <= kGemvAutoMaxM;
 }
 
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K) {
@@ -43,7 +43,7 @@ std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, in
   if (SkinnyGemmShape(dtype, M, N, K)) {
     c.push_back({LinearPath::kSkinny, 0});
     // algo 1: the Hopper skinny kernel below the row count where it is the default.
-    if (M > kGemvAutoMaxM && M <= kSkinnyNarrowMaxM && SkinnyHopperAvailable()) c.push_back({LinearPath::kSkinny, 1});
+    if (M > 1 && M <= kSkinnyNarrowMaxM && SkinnyHopperAvailable()) c.push_back({LinearPath::kSkinny, 1});
   }
   return c;
 }
@@ -60,7 +60,7 @@ LinearPath ChosenLinearPath(const cuda::GemmParams& g, const LinearConfig& c) {
   if (c.path == LinearPath::kGemv && gemv_ok) return LinearPath::kGemv;
   if (c.path == LinearPath::kSkinny && skinny_ok) return LinearPath::kSkinny;
   if (c.path != LinearPath::kGemm) {  // the built-in rule
-    if (gemv_ok && GemvByDefault(g.M, g.K)) return LinearPath::kGemv;
+    if (gemv_ok && GemvByDefault(g.M)) return LinearPath::kGemv;
     if (skinny_ok && cuda::SkinnyGemmByDefault(g.M, g.N, g.K, false)) return LinearPath::kSkinny;
   }
   return LinearPath::kGemm;

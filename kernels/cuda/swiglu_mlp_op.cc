@@ -49,7 +49,7 @@ LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const voi
     return LinearPath::kHopper;
   }
   if (c.path == LinearPath::kGemm || c.path == LinearPath::kHopper) return LinearPath::kGemm;
-  if (gemv_ok && GemvByDefault(M, D)) return LinearPath::kGemv;
+  if (gemv_ok && GemvByDefault(M)) return LinearPath::kGemv;
   return skinny_ok && cuda::SkinnyGemmByDefault(M, I, D, true) ? LinearPath::kSkinny : LinearPath::kGemm;
 }
 

@@ -70,6 +70,7 @@
 #include "kernels/cuda/buffers.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/decode_megakernel.h"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
@@ -188,8 +189,7 @@ class CudaModelRunner final : public ModelRunner {
     if (absl::Status status = Cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         !status.ok())
       return status;
-    const char* fuse_env = std::getenv("FUSEDSERVE_DECODE_FUSION");
-    fuse_ = fuse_env != nullptr && fuse_env[0] != '\0' ? std::atoi(fuse_env) : o_.decode_fusion;
+    fuse_ = cuda::EnvKnob("FUSEDSERVE_DECODE_FUSION", 0, 1 << 20, o_.decode_fusion);
     dt_ = c_.dtype;
     if (!IsFloat(dt_)) return absl::InvalidArgumentError("model dtype must be a float type");
     es_ = DTypeSize(dt_);

@@ -22,6 +22,7 @@
 
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/dtype.h"
 
 namespace fusedserve::cuda {
@@ -314,10 +315,7 @@ __device__ __forceinline__ void PrefetchL2(const void* p, int64_t bytes) {
 }
 
 inline bool PdlEnabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDSERVE_PDL");
-    return !(e != nullptr && e[0] == '0');
-  }();
+  static const bool on = EnvKnob("FUSEDSERVE_PDL", 0, 1, 1) != 0;
   return on;
 }
 

@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_megakernel.h"
+#include "kernels/cuda/env_knob.h"
 
 namespace fusedserve::cuda {
 namespace {
@@ -647,11 +648,6 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
 }
 
 // An integer knob from the environment (A/B runs), else `fallback`.
-int EnvInt(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  return e != nullptr && *e >= '0' && *e <= '9' ? std::atoi(e) : fallback;
-}
-
 int VecFloats(const DecodeMegaParams& p) { return std::max({p.D, p.I, p.Hq * p.Dh}); }
 
 // Prints, per stage kind, the CTAs' median and max of: loading the input
@@ -737,7 +733,7 @@ void PrintStamps(int sms, int layers, cudaStream_t stream) {
 template <typename T, int Dh, int G>
 CudaStatus LaunchTyped(const DecodeMegaParams& params, cudaStream_t stream) {
   DecodeMegaParams p = params;
-  static const int probe = EnvInt("FUSEDSERVE_MEGA_PROBE", 0);
+  static const int probe = EnvKnob("FUSEDSERVE_MEGA_PROBE", 0, 255, 0);  // bits: decode_megakernel.h
   p.probe = probe;
   auto kernel = DecodeMegakernel<T, Dh, G>;
   const int vec = VecFloats(p);

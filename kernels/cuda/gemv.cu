@@ -10,10 +10,10 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/rope_kv_epilogue.cuh"
@@ -482,10 +482,7 @@ GemvGrid PlanGemvGrid(int64_t units, int64_t resident_warps) {
 // overrides it for A/B runs.
 constexpr int kGemvSmBlocksCap = 4;
 int GemvSmBlocksCap() {
-  static const int cap = [] {
-    const char* e = std::getenv("FUSEDSERVE_GEMV_SM_BLOCKS");
-    return e != nullptr && e[0] >= '0' && e[0] <= '8' && e[1] == '\0' ? e[0] - '0' : kGemvSmBlocksCap;
-  }();
+  static const int cap = EnvKnob("FUSEDSERVE_GEMV_SM_BLOCKS", 0, 8, kGemvSmBlocksCap);
   return cap;
 }
 

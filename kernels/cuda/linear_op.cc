@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
@@ -27,10 +28,7 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
 }
 
 bool GemvByDefault(int64_t M) {
-  static const int64_t env_max = [] {  // -1: not set
-    const char* e = std::getenv("FUSEDSERVE_GEMV_MAX_M");
-    return e != nullptr && e[0] >= '0' && e[0] <= '8' && e[1] == '\0' ? int64_t{e[0] - '0'} : int64_t{-1};
-  }();
+  static const int env_max = EnvKnob("FUSEDSERVE_GEMV_MAX_M", 0, 8, -1);  // -1: not set
   if (env_max >= 0) return M <= env_max;
   return M <= kGemvAutoMaxM;
 }

@@ -33,6 +33,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/paged_attention.h"
 
 namespace fusedserve::cuda {
@@ -672,10 +673,7 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D, kCluster>::kMinBlocks
 // Whether a launch the tensor-core kernel can run takes it: p.kernel, else
 // FUSEDSERVE_PAGED_MMA=0/1, else yes.
 bool UseTensorCores(const PagedAttentionParams& p) {
-  static const int env = [] {
-    const char* e = std::getenv("FUSEDSERVE_PAGED_MMA");
-    return e != nullptr && (*e == '0' || *e == '1') ? *e - '0' : -1;
-  }();
+  static const int env = EnvKnob("FUSEDSERVE_PAGED_MMA", 0, 1, -1);
   if (p.kernel >= 0) return p.kernel == 1;
   return env != 0;
 }
@@ -683,10 +681,7 @@ bool UseTensorCores(const PagedAttentionParams& p) {
 // The default of PagedAttentionParams::merge: the cluster merge for launches
 // of up to this many rows (FUSEDSERVE_PAGED_CLUSTER=n overrides; 0: never).
 int ClusterMergeMaxRows() {
-  static const int rows = [] {
-    const char* e = std::getenv("FUSEDSERVE_PAGED_CLUSTER");
-    return e != nullptr ? std::max(0, std::atoi(e)) : kPagedClusterMaxRows;
-  }();
+  static const int rows = EnvKnob("FUSEDSERVE_PAGED_CLUSTER", 0, 1 << 20, kPagedClusterMaxRows);
   return rows;
 }
 
@@ -802,11 +797,7 @@ int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count) {
   // layer, the step from 1.78 to 1.50 ms. FUSEDSERVE_PAGED_CTAS_PER_SM=n
   // overrides the count.
   constexpr int kCtasPerSm = 4;
-  static const int per_sm = [] {
-    const char* e = std::getenv("FUSEDSERVE_PAGED_CTAS_PER_SM");
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v >= 1 && v <= 64 ? v : kCtasPerSm;
-  }();
+  static const int per_sm = EnvKnob("FUSEDSERVE_PAGED_CTAS_PER_SM", 1, 64, kCtasPerSm);
   const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(R) * Hkv);
   // With the cluster merge (few rows): at most one cluster's worth (16), and
   // one wave at two CTAs an SM (its D = 64 variant holds three; 12 splits at
@@ -833,10 +824,7 @@ CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void*
   }
   if (splits < 1 || splits > kPagedMaxSplits) return CudaStatus::Error("paged attention: bad split count");
   if (splits > 1 && workspace == nullptr) return CudaStatus::Error("paged attention: splits > 1 needs a workspace");
-  static const bool early_kv = [] {
-    const char* e = std::getenv("FUSEDSERVE_PAGED_EARLY_KV");
-    return e == nullptr || e[0] != '0';
-  }();
+  static const bool early_kv = EnvKnob("FUSEDSERVE_PAGED_EARLY_KV", 0, 1, 1) != 0;
   PagedAttentionParams q = p;
   q.only_last_key_new = p.only_last_key_new && early_kv;
   CudaStatus st = CudaStatus::Unsupported(std::string("paged attention: unsupported dtype ") + DTypeName(p.dtype));

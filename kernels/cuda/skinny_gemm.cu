@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "kernels/cuda/skinny_hopper.h"
 
@@ -44,10 +45,7 @@ struct SkinnyParams {
 };
 
 bool SkinnyPrefetch() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDSERVE_SKINNY_PREFETCH");
-    return e == nullptr || e[0] != '0';
-  }();
+  static const bool on = EnvKnob("FUSEDSERVE_SKINNY_PREFETCH", 0, 1, 1) != 0;
   return on;
 }
 
@@ -289,10 +287,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) SkinnyGemmKernel(SkinnyParams 
 // FUSEDSERVE_SKINNY_ONE_TILE=0: steps of up to 8 rows on the two-tile kernel
 // (the A/B of the one-tile one).
 bool SkinnyOneTile() {
-  static const bool on = [] {
-    const char* e = std::getenv("FUSEDSERVE_SKINNY_ONE_TILE");
-    return e == nullptr || e[0] != '0';
-  }();
+  static const bool on = EnvKnob("FUSEDSERVE_SKINNY_ONE_TILE", 0, 1, 1) != 0;
   return on;
 }
 
@@ -358,10 +353,7 @@ CudaStatus LaunchDtype(DType dtype, const SkinnyParams& p, cudaStream_t stream) 
 // at 9-16 rows, 134 us against 151 (B=12 / 16 1.043-1.052 ms vs
 // 1.065-1.073), on it at 17-32 rows (B=24 / 32 1.062-1.071 vs 1.071-1.086).
 int SkinnyHopperMode() {
-  static const int mode = [] {
-    const char* e = std::getenv("FUSEDSERVE_SKINNY_HOPPER_DOWN");
-    return e != nullptr && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 2;
-  }();
+  static const int mode = EnvKnob("FUSEDSERVE_SKINNY_HOPPER_DOWN", 0, 3, 2);
   return SkinnyHopperAvailable() ? mode : 0;
 }
 // N output features (SwiGLU: I) from x [M,K] and w; y the output, which the
@@ -390,10 +382,8 @@ bool SkinnyGemmShape(DType dtype, int64_t M, int64_t N, int64_t K) {
 }
 
 bool SkinnyGemmByDefault(int64_t M, int64_t N, int64_t K, bool swiglu) {
-  static const int wide = [] {  // FUSEDSERVE_SKINNY_WIDE: 0 never, 1 always, else the rule below
-    const char* e = std::getenv("FUSEDSERVE_SKINNY_WIDE");
-    return e != nullptr && (e[0] == '0' || e[0] == '1') ? e[0] - '0' : 2;
-  }();
+  // FUSEDSERVE_SKINNY_WIDE: 0 never, 1 always, else the rule below.
+  static const int wide = EnvKnob("FUSEDSERVE_SKINNY_WIDE", 0, 1, 2);
   if (M <= kSkinnyNarrowMaxM) return true;
   if (M > kSkinnyMaxM || wide == 0) return false;
   return wide == 1 || (swiglu ? SkinnyHopperOneWave(N, true) : K >= 4096 && N <= 2048);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -520,6 +521,20 @@ TEST(GemvByDefaultTest, OneAndTwoRows) {
   EXPECT_TRUE(cuda::GemvByDefault(2));   // every projection of a two-row decode step
   EXPECT_FALSE(cuda::GemvByDefault(3));  // the skinny GEMM from three rows
   EXPECT_FALSE(cuda::GemvByDefault(8));
+}
+
+// Host-only: how the kernels' environment knobs (FUSEDSERVE_GEMV_SM_BLOCKS and
+// the others) are read.
+TEST(EnvKnobTest, WholeIntegersInRangeElseTheFallback) {
+  const char* name = "FUSEDSERVE_ENV_KNOB_TEST";
+  unsetenv(name);
+  EXPECT_EQ(cuda::EnvKnob(name, 0, 8, 4), 4);
+  for (auto [value, want] : std::vector<std::pair<const char*, int>>{
+           {"0", 0}, {"8", 8}, {"3", 3}, {"", 4}, {"9", 4}, {"-1", 4}, {"2x", 4}, {"x", 4}, {"99999999999999", 4}}) {
+    setenv(name, value, 1);
+    EXPECT_EQ(cuda::EnvKnob(name, 0, 8, 4), want) << "'" << value << "'";
+  }
+  unsetenv(name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GemvFusedTest, ::testing::Values(DType::kBF16, DType::kF16),

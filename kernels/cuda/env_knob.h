@@ -1,0 +1,12 @@
+// Integer knobs read from the environment: the A/B switches the CUDA
+// kernels and the model runner document (README "Environment knobs").
+#pragma once
+
+namespace fusedserve::cuda {
+
+// The value of environment variable `name` when it is a whole decimal
+// integer in [lo, hi], else `fallback` (unset, empty, out of range or not a
+// number). Callers read it once (a function-local static).
+int EnvKnob(const char* name, int lo, int hi, int fallback);
+
+}  // namespace fusedserve::cuda

@@ -1,5 +1,6 @@
-// Integer knobs read from the environment: the A/B switches the CUDA
-// kernels and the model runner document (README "Environment knobs").
+// Integer knobs read from the environment: the A/B switches of the CUDA
+// kernels and the model runner (listed in README, "GPU tests and
+// benchmarks").
 #pragma once
 
 namespace fusedserve::cuda {

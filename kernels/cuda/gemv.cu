@@ -122,7 +122,6 @@ __global__ void SiluAndMulKernel(const T* __restrict__ x,  // [M,2I]
 
 // ---- GEMV -------------------------------------------------------------------
 
-constexpr int kGemvWarps = 4;   // 128 threads: small blocks keep the last wave short
 constexpr int kGemvUnroll = 4;  // 16-byte vectors per weight row in flight per lane
 
 // What a GEMV does around its dot products (the decode fusions, gemv.h).
@@ -447,17 +446,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (GemvMinBlocks<kM, kMode, kNo
   }
 }
 
-// How a launch spreads `units` over `resident_warps` warp slots (one wave
-// of equal work): every warp group gets the same number of consecutive
-// units (row pairs), so no block of a second wave starts late and all warps
-// drain together (with one unit per warp, the SwiGLU gate_up GEMV ran as 1.7
-// waves of 16 KB-per-warp blocks). Units fewer than the resident warps are
-// split over 2 or 4 warps.
-struct GemvGrid {
-  int split = 1;
-  int64_t units_per_warp = 1, groups = 1, blocks = 1;
-  int64_t Warps() const { return groups * split; }
-};
+}  // namespace
+
 GemvGrid PlanGemvGrid(int64_t units, int64_t resident_warps) {
   GemvGrid g;
   while (g.split < kGemvWarps && units * g.split * 2 <= resident_warps) g.split *= 2;
@@ -468,6 +458,12 @@ GemvGrid PlanGemvGrid(int64_t units, int64_t resident_warps) {
   g.blocks = (g.groups + groups_per_block - 1) / groups_per_block;
   return g;
 }
+
+bool GemvTakesCappedGrid(const GemvGrid& natural, const GemvGrid& capped) {
+  return 3 * capped.Warps() >= 2 * natural.Warps();
+}
+
+namespace {
 
 // Blocks an SM may hold of a GEMV (one row: registers allow 5-6). Measured on
 // the H200 (bench/gpu_gemv_stream_bench, bench/notes/decode_fusion.md,
@@ -500,11 +496,7 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
   int64_t resident_blocks = 0;
   if (CudaStatus s = cuda::ResidentBlocks(kernel, kThreads, &resident_blocks); !s.ok()) return s;
   GemvGrid grid = PlanGemvGrid(units, resident_blocks * kGemvWarps);
-  // The block cap (above), unless the wave it leaves has fewer than 2/3 of
-  // the warps: a grid that halves (one-row QKV: split 2 -> 1, or one unit a
-  // warp -> two) lost more than the cap gained (1B QKV 5.1 -> 5.3 us, 8B
-  // 13.4 -> 16.3); gate_up's (2/3-3/4 of the warps, more units each) did not
-  // (8B 59.2 -> 56.7, 1B 18.8 -> 18.1).
+  // The block cap (above), where GemvTakesCappedGrid.
   size_t smem = 0;
   if (const int cap = GemvSmBlocksCap(); cap > 0) {
     size_t cap_smem = 0;
@@ -515,7 +507,7 @@ CudaStatus LaunchGemvT(const GemvParams& p, cudaStream_t stream) {
     }
     if (capped_blocks > 0 && capped_blocks < resident_blocks) {
       const GemvGrid capped = PlanGemvGrid(units, capped_blocks * kGemvWarps);
-      if (3 * capped.Warps() >= 2 * grid.Warps()) {
+      if (GemvTakesCappedGrid(grid, capped)) {
         grid = capped;
         smem = cap_smem;
       }

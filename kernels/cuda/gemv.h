@@ -33,6 +33,28 @@ CudaStatus LaunchMlpSiluAndMul(DType dtype, int64_t M, int64_t I, const void* x,
 // keeps all M (<= kGemvMaxM) rows of x in L1. Beats cuBLASLt only while the
 // problem is weight-bandwidth bound (small M).
 constexpr int64_t kGemvMaxM = 8;
+constexpr int kGemvWarps = 4;  // a GEMV block's warps (128 threads: small blocks keep the last wave short)
+
+// How a GEMV launch spreads `units` (weight row pairs, or SwiGLU gate/up row
+// pairs) over `resident_warps` warp slots, as one wave of equal work: every
+// warp group gets the same number of consecutive units, so no block of a
+// second wave starts late and all warps drain together (with one unit per
+// warp, the SwiGLU gate_up GEMV ran as 1.7 waves of 16 KB-per-warp blocks).
+// Units fewer than the resident warps are split over 2 or 4 warps, each
+// streaming every split-th chunk of K.
+struct GemvGrid {
+  int split = 1;
+  int64_t units_per_warp = 1, groups = 1, blocks = 1;
+  int64_t Warps() const { return groups * split; }
+};
+GemvGrid PlanGemvGrid(int64_t units, int64_t resident_warps);
+// Whether a launch takes the wave planned under the blocks-per-SM cap
+// (gemv.cu, kGemvSmBlocksCap) instead of the natural one: when it keeps at
+// least 2/3 of the warps. A wave that halves (one-row QKV: split 2 -> 1, or
+// one unit a warp -> two) lost more than the cap gained (H200, 1B QKV 5.1 ->
+// 5.3 us, 8B 13.4 -> 16.3); gate_up's (2/3-3/4 of the warps, more units
+// each) did not (8B 59.2 -> 56.7, 1B 18.8 -> 18.1).
+bool GemvTakesCappedGrid(const GemvGrid& natural, const GemvGrid& capped);
 // True when the GEMV path can run: M <= kGemvMaxM, K a multiple of the
 // 16-byte vector and at most 2^26, x and w 16-byte aligned.
 bool GemvSupported(DType dtype, int64_t M, int64_t K, const void* x, const void* w);

@@ -523,6 +523,43 @@ TEST(GemvByDefaultTest, OneAndTwoRows) {
   EXPECT_FALSE(cuda::GemvByDefault(8));
 }
 
+// Host-only: the GEMV's wave plans on the shapes it was measured on, for an
+// H200's 132 SMs: 6 one-row blocks an SM, or 4 under the cap.
+TEST(GemvGridTest, TheCappedWaveWhereItKeepsTheWarps) {
+  const int64_t natural = 132 * 6 * cuda::kGemvWarps, capped = 132 * 4 * cuda::kGemvWarps;
+  // llama-3.2-1b down and o_proj (1,024 row pairs): two warps a pair either
+  // way, the same 512 blocks: capped.
+  cuda::GemvGrid n = cuda::PlanGemvGrid(1024, natural), c = cuda::PlanGemvGrid(1024, capped);
+  EXPECT_EQ(n.split, 2);
+  EXPECT_EQ(n.blocks, 512);
+  EXPECT_EQ(c.blocks, 512);
+  EXPECT_TRUE(cuda::GemvTakesCappedGrid(n, c));
+  // Its QKV (1,536 pairs): split over two warps only when 6 blocks fit, so
+  // the cap would halve the warps: not capped.
+  n = cuda::PlanGemvGrid(1536, natural);
+  c = cuda::PlanGemvGrid(1536, capped);
+  EXPECT_EQ(n.Warps(), 3072);
+  EXPECT_EQ(c.Warps(), 1536);
+  EXPECT_FALSE(cuda::GemvTakesCappedGrid(n, c));
+  // Its SwiGLU gate_up (8,192 gate/up pairs): 3 pairs a warp or 4, three
+  // quarters of the warps: capped.
+  n = cuda::PlanGemvGrid(8192, natural);
+  c = cuda::PlanGemvGrid(8192, capped);
+  EXPECT_EQ(n.units_per_warp, 3);
+  EXPECT_EQ(c.units_per_warp, 4);
+  EXPECT_TRUE(cuda::GemvTakesCappedGrid(n, c));
+  // Every unit is covered once: groups x units a warp >= units, one group fewer would not.
+  for (int64_t units : {1, 7, 1024, 1536, 3072, 8192, 64128}) {
+    for (int64_t warps : {natural, capped}) {
+      const cuda::GemvGrid g = cuda::PlanGemvGrid(units, warps);
+      EXPECT_GE(g.groups * g.units_per_warp, units) << units;
+      EXPECT_LT((g.groups - 1) * g.units_per_warp, units) << units;
+      EXPECT_LE(g.Warps(), warps) << units;
+      EXPECT_EQ(g.blocks, (g.groups + cuda::kGemvWarps / g.split - 1) / (cuda::kGemvWarps / g.split)) << units;
+    }
+  }
+}
+
 // Host-only: how the kernels' environment knobs (FUSEDSERVE_GEMV_SM_BLOCKS and
 // the others) are read.
 TEST(EnvKnobTest, WholeIntegersInRangeElseTheFallback) {

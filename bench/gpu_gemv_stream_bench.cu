@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/skinny_gemm.h"
 
@@ -164,6 +165,11 @@ int main() {
   BENCH_CHECK(cudaMemset(sq, 0, 16 * 8));
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  size_t cap4 = 0;  // dynamic shared memory beside which a fifth block does not fit
+  if (fusedserve::CudaStatus s = fc::SharedMemoryForBlockCap(4, &cap4); !s.ok() || cap4 == 0) {
+    std::fprintf(stderr, "no shared-memory block cap: %s\n", s.message.c_str());
+    return 1;
+  }
   // Microseconds a launch: one graph of `copies` launches (launch(stream, i)
   // reads copy i), replayed (bench_common.h's GraphReplayUs).
   auto time_us = [&](auto&& launch) {
@@ -201,11 +207,10 @@ int main() {
               LaunchProbe(st, blocks, pdl, w + i * stride, x, y, sh.N, sh.K, split);
             }));
       }
-      // The same grid with at most 4 blocks an SM (dynamic shared memory
-      // that a fifth would not fit beside), and how the blocks spread over
-      // the SMs without and with that cap: a grid below the GPU's resident
-      // capacity is not spread evenly by itself.
-      const size_t cap4 = 228 * 1024 / 5;
+      // The same grid with at most 4 blocks an SM (the GEMV's cap), and how
+      // the blocks spread over the SMs without and with it (alike, 3-4 an SM
+      // for a grid below the resident capacity: the cap's gain is not where
+      // the blocks go).
       row("probe 4 blocks/SM cap", time_us([&](cudaStream_t st, int i) {
             LaunchProbe(st, blocks, false, w + i * stride, x, y, sh.N, sh.K, split, cap4);
           }));

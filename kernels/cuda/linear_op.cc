@@ -28,9 +28,8 @@ bool ParseLinearConfig(const std::string& s, LinearConfig* c) {
 }
 
 bool GemvByDefault(int64_t M) {
-  static const int env_max = EnvKnob("FUSEDSERVE_GEMV_MAX_M", 0, 8, -1);  // -1: not set
-  if (env_max >= 0) return M <= env_max;
-  return M <= kGemvAutoMaxM;
+  static const int max_m = EnvKnob("FUSEDSERVE_GEMV_MAX_M", 0, 8, static_cast<int>(kGemvAutoMaxM));
+  return M <= max_m;
 }
 
 std::vector<LinearConfig> LinearCandidates(DType dtype, int64_t M, int64_t N, int64_t K) {

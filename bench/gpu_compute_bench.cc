@@ -916,7 +916,7 @@ int main(int argc, char** argv) {
   }
   if (only == "paged") {
     for (int B : {1, 2, 4, 16, 64}) {
-      for (int ctx : {128, 2048}) {
+      for (int ctx : {128, 512, 2048}) {
         PagedDecode("1B", 32, 8, 64, B, ctx);
         PagedDecode("8B", 32, 8, 128, B, ctx);
       }

@@ -185,18 +185,21 @@ struct SplitWorkspace {
   unsigned* done;
 };
 
-// Query row r's token, its context, its split's keys [kbeg, kend) (each row cuts its own
-// context in `splits` equal parts) and its sequence's block-table row.
+// Query row r's token, its context, how many of the launch's `splits` it
+// uses (one up to kPagedOneCtaKeys keys, else all; a CTA whose split is past
+// them has no keys), its split's keys [kbeg, kend) (the row's context cut in
+// that many equal parts) and its sequence's block-table row.
 struct SplitKeys {
-  int tok, ctx, kbeg, kend;
+  int tok, ctx, splits, kbeg, kend;
   const int32_t* bt;
 };
 __device__ __forceinline__ SplitKeys SplitKeysOf(const PagedAttentionParams& p, int r, int split, int splits) {
   const int seq = p.row_seq[r], ctx = p.ctx_lens[r];
-  const int part = (ctx + splits - 1) / splits;
-  const int kbeg = split * part;
-  return {p.rows[r], ctx, kbeg, min(ctx, kbeg + part),
-          p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride)};
+  const int used = ctx <= kPagedOneCtaKeys ? 1 : splits;
+  const int part = (ctx + used - 1) / used;
+  const int kbeg = min(ctx, split * part);
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride);
+  return {p.rows[r], ctx, used, kbeg, min(ctx, kbeg + part), bt};
 }
 
 // The CTA's kParts partial softmax states (sm_ml: (max, sum) in log2 units
@@ -247,22 +250,44 @@ __device__ __forceinline__ void MergeAndStore(const PagedAttentionParams& p, con
   if (splits == 1) return;
 
   // The last split CTA of this (row, kv head) to finish merges all splits
-  // (no separate combine kernel): publish this CTA's partials, count it in.
+  // (no separate combine kernel): publish this CTA's partials, count it in
+  // (thread 0's fence after the barrier covers the whole CTA's writes, as in
+  // a cooperative grid sync).
   __shared__ bool last;
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = LastBlockToFinish(ws.done + static_cast<int64_t>(r) * p.Hkv + hk, splits);
   __syncthreads();
   if (!last) return;
   __threadfence();
   // One warp per query head: lane s holds split s's (max, sum) (splits <=
-  // 32); the acc loads of all splits are independent. __ldcg: the partials
-  // of other CTAs, read from L2, never from a stale L1 line.
+  // 32), lane l combines dims l, l + 32, ... Every load is independent, so
+  // they go out in as few L2 round trips as 32 registers allow (__ldcg: never
+  // a stale L1 line): kMergeBatch splits at a time for all of the lane's
+  // dims, the first batch with the (max, sum) loads. At D = 64 that is one
+  // round trip for up to 16 splits, where a round trip for the (max, sum) and
+  // one for every 32 dims cost ~1 us a layer at B = 16 (dependent batches of
+  // 8 splits a slice took 16 at D = 128 and 32 splits: 22 us a layer of the
+  // 8B decode step). The sum runs over the splits in order.
+  constexpr int kSlices = (D + 31) / 32;
+  constexpr int kMergeBatch = 32 / kSlices;
   const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;
   for (int g = warp; g < G; g += kThreads / 32) {
     const int h = hk * G + g;
     const int64_t base = (static_cast<int64_t>(r) * p.Hq + h) * splits;
+    float a[kMergeBatch][kSlices];
+    auto load_batch = [&](int s0) {
+#pragma unroll
+      for (int sp = 0; sp < kMergeBatch; ++sp) {
+#pragma unroll
+        for (int sl = 0; sl < kSlices; ++sl) {
+          const int d = 32 * sl + wl;
+          a[sp][sl] = s0 + sp < splits && d < D ? __ldcg(ws.acc + (base + s0 + sp) * D + d) : 0.0f;
+        }
+      }
+    };
     const float2 ml = wl < splits ? __ldcg(ws.ml + base + wl) : make_float2(-INFINITY, 0.0f);
+    load_batch(0);
+    // Every lane takes part in the shuffles, also past D (head dims < 32).
     float M = ml.x;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
@@ -270,21 +295,20 @@ __device__ __forceinline__ void MergeAndStore(const PagedAttentionParams& p, con
     float L = ml.y * wgt;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-    // Every lane takes part in the shuffles, also past D (head dims < 32).
-    // All splits' loads of a 32-dim slice are issued before the first use:
-    // one L2 round trip a slice, where a loop of dependent batches of 8 took
-    // 16 at D = 128 and 32 splits (B = 1, context 2048: this kernel took
-    // 22 us a layer of the 8B decode step, 7x its bytes at copy bandwidth).
-    for (int d0 = 0; d0 < D; d0 += 32) {
-      const int d = d0 + wl;
-      float a[kPagedMaxSplits];
+    float A[kSlices] = {};
+    for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {
+      if (s0 > 0) load_batch(s0);
 #pragma unroll
-      for (int sp = 0; sp < kPagedMaxSplits; ++sp)
-        a[sp] = sp < splits && d < D ? __ldcg(ws.acc + (base + sp) * D + d) : 0.0f;
-      float A = 0.0f;
+      for (int sp = 0; sp < kMergeBatch; ++sp) {
+        const float w = __shfl_sync(0xffffffffu, wgt, (s0 + sp) & 31);
 #pragma unroll
-      for (int sp = 0; sp < kPagedMaxSplits; ++sp) A = fmaf(__shfl_sync(0xffffffffu, wgt, sp), a[sp], A);
-      if (d < D) O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A / L : 0.0f);
+        for (int sl = 0; sl < kSlices; ++sl) A[sl] = fmaf(w, a[sp][sl], A[sl]);
+      }
+    }
+#pragma unroll
+    for (int sl = 0; sl < kSlices; ++sl) {
+      const int d = 32 * sl + wl;
+      if (d < D) O[(static_cast<int64_t>(tok) * p.Hq + h) * D + d] = FromFloat<T>(L > 0.0f ? A[sl] / L : 0.0f);
     }
   }
 }
@@ -354,6 +378,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
   const int r = blockIdx.x, hk = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int G = p.Hq / p.Hkv;
   const SplitKeys sk = SplitKeysOf(p, r, split, splits);  // uploaded before the step: read before the wait
+  if (split >= sk.splits) return;                         // a split this row does not use
   PdlEnter();
   const int tok = sk.tok, kbeg = sk.kbeg, kend = sk.kend;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, d0 = lane * 8;
@@ -470,7 +495,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionKernel(PagedAttentionP
     }
   }
   __syncthreads();
-  MergeAndStore<T, D, kG, kGroups>(p, ws, sm_acc, sm_ml, tok, r, hk, split, splits);
+  MergeAndStore<T, D, kG, kGroups>(p, ws, sm_acc, sm_ml, tok, r, hk, split, sk.splits);
 }
 
 // ---- the tensor-core kernel (16-bit K/V, head dims 64 and 128) ----------------
@@ -530,6 +555,7 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D, kCluster>::kMinBlocks
   const int G = p.Hq / p.Hkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const SplitKeys sk = SplitKeysOf(p, r, split, splits);  // uploaded before the step: read before the wait
+  if (split >= sk.splits) return;                         // a split this row does not use
   const int tok = sk.tok, kbeg = sk.kbeg, kend = sk.kend;
   const int bs = p.block_size;
   const int32_t* bt = sk.bt;
@@ -663,10 +689,10 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D, kCluster>::kMinBlocks
     if (t == 0) sm_ml[warp][g] = make_float2(m, l);
   }
   __syncthreads();
-  if constexpr (kCluster) {
+  if (kCluster && sk.splits > 1) {
     ClusterMergeAndStore<T, D, kG, kWarps>(p, sm_acc, sm_ml, tok, hk);
   } else {
-    MergeAndStore<T, D, kG, kWarps>(p, ws, sm_acc, sm_ml, tok, r, hk, split, splits);
+    MergeAndStore<T, D, kG, kWarps>(p, ws, sm_acc, sm_ml, tok, r, hk, split, sk.splits);
   }
 }
 

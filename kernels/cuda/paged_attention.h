@@ -96,13 +96,19 @@ constexpr int kPagedMaxSplits = 32;
 constexpr int kPagedMaxClusterSplits = 16;  // with the cluster merge
 constexpr int kPagedClusterMaxRows = 4;     // the cluster merge's default reach
 constexpr int kPagedMaxSplitRows = 1024;
+// A row of at most this many keys runs on one CTA and skips the split merge:
+// the split count is fixed for the longest context a graph serves, and at
+// short contexts merging the splits cost more than the keys (H200,
+// llama-3.2-1b decode at context 128: 2-4% of the step at B = 1-16).
+constexpr int kPagedOneCtaKeys = 128;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
 // Workspace bytes for any launch of these head counts (context splits keep
 // R * splits <= kPagedMaxSplitRows). Zero it once when allocated: it holds
 // counters that every launch leaves at zero.
 size_t PagedAttentionWorkspaceBytes(int Hq, int D);
 // Each row's context is cut in `splits` equal parts (the split count, not the
-// part length, is fixed so a CUDA graph can replay the launch for any ctx).
+// part length, is fixed so a CUDA graph can replay the launch for any ctx);
+// a row of at most kPagedOneCtaKeys keys is one part.
 CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

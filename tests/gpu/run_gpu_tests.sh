@@ -2,7 +2,9 @@
 # Every GPU test binary of a bundle (README: GPU tests and benchmarks) on a
 # GPU host: op_test in 8 parallel shards (it checks every op x dtype x case x
 # candidate config), the others one after another. Prints each binary's
-# summary line; full logs in OUT_DIR. Usage: run_gpu_tests.sh BUNDLE OUT_DIR
+# summary line as it finishes (a run cut short by a time limit still shows
+# what passed) and all of them again at the end; full logs in OUT_DIR.
+# Usage: run_gpu_tests.sh BUNDLE OUT_DIR
 set -u
 b=$1
 out=$2
@@ -15,18 +17,25 @@ for i in 0 1 2 3 4 5 6 7; do
    echo "op_test shard $i rc=$?" >> "$out/rc.txt") &
 done
 wait
+summary() {  # LABEL LOG RC: one line, also appended to rc.txt
+  echo "$1 rc=$3 $(grep -E '^\[  (PASSED|FAILED) ' "$2" | tr '\n' ' ')" | tee -a "$out/rc.txt"
+}
+cat "$out/rc.txt"
+grep -hE "^\[ checked" "$out"/op_test.*.log | awk '{s += $4} END {print "op_test: " s " (shape, config) runs checked"}'
+echo "op_test: $(cat "$out"/op_test.*.log | grep -cE '^\[  FAILED  \]') FAILED lines"
 for path in "$b"/bin/*_test; do
   t=$(basename "$path")
   [ "$t" = op_test ] && continue
   timeout 300 "$b/bin/$t" > "$out/$t.log" 2>&1
-  echo "$t rc=$?" >> "$out/rc.txt"
+  summary "$t" "$out/$t.log" $?
 done
 # On Hopper the fused projections of 9-32 row steps run the Hopper skinny
 # kernel; the register kernels they use elsewhere, once more with them forced.
 if [ -x "$b/bin/gemv_fused_test" ]; then
   FUSEDSERVE_SKINNY_HOPPER_DOWN=0 timeout 300 "$b/bin/gemv_fused_test" > "$out/gemv_fused_test.register.log" 2>&1
-  echo "gemv_fused_test (register kernels) rc=$?" >> "$out/rc.txt"
+  summary "gemv_fused_test (register kernels)" "$out/gemv_fused_test.register.log" $?
 fi
+echo "== all"
 cat "$out/rc.txt"
 for f in "$out"/*.log; do
   echo "== $(basename "$f"): $(grep -E '^\[  (PASSED|FAILED) ' "$f" | tr '\n' ' ') $(grep -cE '^\[  FAILED  \]' "$f") failed lines"

@@ -99,8 +99,8 @@ constexpr int kPagedMaxSplitRows = 1024;
 // A row of at most this many keys runs on one CTA and skips the split merge:
 // the split count is fixed for the longest context a graph serves, and at
 // short contexts merging the splits cost more than the keys (H200,
-// llama-3.2-1b decode at context 128: 3-4% of the step at B = 8 and 16,
-// 1-3% at B = 1, within noise at B = 2 and 4).
+// llama-3.2-1b decode at context 128: 3-4% of the step at B = 8, 1-3% at
+// B = 1 and 16, within noise at B = 2 and 4).
 constexpr int kPagedOneCtaKeys = 128;
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
 // Workspace bytes for any launch of these head counts (context splits keep

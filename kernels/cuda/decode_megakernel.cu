@@ -647,7 +647,6 @@ __global__ void __launch_bounds__(kThreads, 1) DecodeMegakernel(DecodeMegaParams
   CpAsyncWaitAll();  // only empty groups are left
 }
 
-// An integer knob from the environment (A/B runs), else `fallback`.
 int VecFloats(const DecodeMegaParams& p) { return std::max({p.D, p.I, p.Hq * p.Dh}); }
 
 // Prints, per stage kind, the CTAs' median and max of: loading the input

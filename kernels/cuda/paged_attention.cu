@@ -689,8 +689,14 @@ __global__ void __launch_bounds__(kThreads, MmaShape<T, D, kCluster>::kMinBlocks
     if (t == 0) sm_ml[warp][g] = make_float2(m, l);
   }
   __syncthreads();
-  if (kCluster && sk.splits > 1) {
-    ClusterMergeAndStore<T, D, kG, kWarps>(p, sm_acc, sm_ml, tok, hk);
+  if constexpr (kCluster) {
+    // A row of one split stores its output; the cluster kernel never needs
+    // the global merge (compiling it in cost 12 registers at D = 64).
+    if (sk.splits > 1) {
+      ClusterMergeAndStore<T, D, kG, kWarps>(p, sm_acc, sm_ml, tok, hk);
+    } else {
+      MergeAndStore<T, D, kG, kWarps>(p, ws, sm_acc, sm_ml, tok, r, hk, 0, 1);
+    }
   } else {
     MergeAndStore<T, D, kG, kWarps>(p, ws, sm_acc, sm_ml, tok, r, hk, split, sk.splits);
   }

@@ -55,7 +55,8 @@ bool AttentionHeadDimSupported(int D);
 // query rows and 128-key tiles, 2 or 3 K/V stages; schedule 0: softmax
 // between the GEMMs, 1: overlapped with the next tile's GEMMs, 2: that plus
 // ping-pong between the two consumer warpgroups; e1: O stored through shared
-// memory (HopperAttentionBuilt says which are built).
+// memory; a trailing ".q2": two Q buffers (HopperAttentionBuilt says which
+// are built).
 // Format "m128.w4" (kernels/cuda/config.h). The fp32 path has one shape.
 struct AttentionConfig {
   int block_m = 0;  // 0: not set (the dispatch uses the default)
@@ -63,6 +64,7 @@ struct AttentionConfig {
   int hopper_stages = 0;  // > 0: the Hopper kernel with this many K/V stages
   int hopper_sched = 2;
   bool hopper_stage_o = true;
+  int hopper_q_bufs = 1;
 };
 std::string FormatAttentionConfig(const AttentionConfig& c);
 // False (and *c untouched) unless `s` is one of the shapes above.

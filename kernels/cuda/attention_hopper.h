@@ -24,14 +24,18 @@ bool HopperAttentionSupports(DType dtype, int D);
 // intra-warpgroup pipelining); 2: that plus ping-pong between the two
 // consumer warpgroups. `stage_o`: O leaves through shared memory as
 // coalesced 16-byte row stores (where it fits: not D=128 with 3 stages)
-// instead of 4-byte stores from the accumulators.
+// instead of 4-byte stores from the accumulators. `q_bufs` 2: a second Q
+// buffer, so the next query tile's Q loads during this tile's last key
+// tiles instead of after its last S (H200, B=4 S=2048: o1 265-268 us
+// instead of 281-285; B=1 S=2048 2-6% slower, hence a tuning candidate).
 struct HopperKnobs {
   int stages = 2;
   int sched = 2;
   bool stage_o = true;
+  int q_bufs = 1;
 };
 // Built: stages 2 with sched 1-2 either way and sched 0 staged; stages 3
-// with sched 1 staged.
+// with sched 1 staged; two Q buffers with stages 2, sched 1-2, staged.
 bool HopperAttentionBuilt(const HopperKnobs& c);
 // Validates like LaunchAttentionPrefill; the caller checks availability.
 CudaStatus LaunchAttentionHopper(const AttentionParams& p, const HopperKnobs& c, cudaStream_t stream);

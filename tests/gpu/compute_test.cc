@@ -393,8 +393,15 @@ TEST_F(ComputeTest, AttentionPrefillVarlenAndFull) {
 // Every built variant by its full name: a name that does not parse runs the
 // default config (HopperConfigNamesParse; the short names this list held
 // before never ran anything but the default).
-const std::vector<std::string> kHopperConfigs = {
-    "", "h128.s2.o2.e1", "h128.s2.o2.e0", "h128.s2.o1.e1", "h128.s2.o1.e0", "h128.s3.o1.e1", "h128.s2.o0.e1"};
+const std::vector<std::string> kHopperConfigs = {"",
+                                                 "h128.s2.o2.e1",
+                                                 "h128.s2.o2.e0",
+                                                 "h128.s2.o1.e1",
+                                                 "h128.s2.o1.e0",
+                                                 "h128.s3.o1.e1",
+                                                 "h128.s2.o0.e1",
+                                                 "h128.s2.o1.e1.q2",
+                                                 "h128.s2.o2.e1.q2"};
 
 TEST_F(ComputeTest, HopperConfigNamesParse) {
   for (const std::string& name : kHopperConfigs) {
@@ -402,6 +409,11 @@ TEST_F(ComputeTest, HopperConfigNamesParse) {
     cuda::AttentionConfig c;
     EXPECT_TRUE(cuda::ParseAttentionConfig(name, &c)) << name;
     EXPECT_EQ(cuda::FormatAttentionConfig(c), name);
+  }
+  // One Q buffer has only the four-field name; two are built for s2 o1/o2 e1.
+  for (const char* name : {"h128.s2.o1.e1.q1", "h128.s2.o0.e1.q2", "h128.s3.o1.e1.q2", "h128.s2.o1.e0.q2"}) {
+    cuda::AttentionConfig c;
+    EXPECT_FALSE(cuda::ParseAttentionConfig(name, &c)) << name;
   }
 }
 

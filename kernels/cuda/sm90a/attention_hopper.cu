@@ -55,7 +55,7 @@ constexpr int kThreads = 384;
 constexpr int kAtomCols = 64;    // 16-bit columns in one 128-byte swizzle row
 constexpr int kAtomBytes = 128;  // bytes per row of a swizzle atom
 
-template <int kD, int kStages, bool kStageORequested>
+template <int kD, int kStages, bool kStageORequested, int kQBufsRequested>
 struct HopperLayout {
   static constexpr int kQBytes = kBlockM * kD * 2;
   static constexpr int kKVBytes = kBlockN * kD * 2;  // one K (or V) stage
@@ -69,12 +69,17 @@ struct HopperLayout {
   static constexpr int kOBytes = kBlockM * kD * 2;
   static constexpr int kBarNoStage = kO;
   static constexpr int kBarStage = kO + kOBytes;
-  // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages],
-  // v_empty[kStages]; 1 KB of slack to align the base to the 1024-byte
-  // swizzle period.
-  static constexpr int kBarBytes = (2 + 4 * kStages) * 8 + 1024;
+  // q_full[2], q_empty[2], k_full[kStages], v_full[kStages],
+  // k_empty[kStages], v_empty[kStages]; 1 KB of slack to align the base to
+  // the 1024-byte swizzle period.
+  static constexpr int kBarBytes = (4 + 4 * kStages) * 8 + 1024;
   static constexpr bool kStageO = kStageORequested && kBarStage + kBarBytes <= 227 * 1024;
-  static constexpr int kBar = kStageO ? kBarStage : kBarNoStage;
+  // A second Q buffer (when asked for and it fits after the staged O): the
+  // next tile's Q then loads while this tile's last key tiles run, not
+  // after its last S.
+  static constexpr int kQ2 = kStageO ? kBarStage : kBarNoStage;
+  static constexpr int kQBufs = kQBufsRequested == 2 && kQ2 + kQBytes + kBarBytes <= 227 * 1024 ? 2 : 1;
+  static constexpr int kBar = kQ2 + (kQBufs - 1) * kQBytes;
   static constexpr int kBytes = kBar + kBarBytes;
   static_assert(kBytes <= 227 * 1024, "shared memory");
 };
@@ -192,11 +197,11 @@ __device__ __forceinline__ void WgmmaRS<__half, 128>(float (&d)[64], const uint3
 
 // ---- the kernel ---------------------------------------------------------------
 
-template <typename T, int kD, int kStages, int kSched, bool kStageO>
+template <typename T, int kD, int kStages, int kSched, bool kStageO, int kQBufs>
 __global__ void __launch_bounds__(kThreads, 1)
     HopperFlashKernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v, const HopperParams p) {
-  using L = HopperLayout<kD, kStages, kStageO>;
+  using L = HopperLayout<kD, kStages, kStageO, kQBufs>;
   constexpr int kAtoms = kD / kAtomCols;  // 64-column swizzle atoms per row
   constexpr int kSRegs = kBlockN / 2;     // S accumulators per thread
   constexpr int kORegs = kD / 2;          // O accumulators per thread
@@ -206,16 +211,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const uint32_t sQ = base + L::kQ, sK = base + L::kK, sV = base + L::kV, bar = base + L::kBar;
   uint8_t* const sO = smem_raw + (base - static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw))) + L::kO;
-  const uint32_t q_full = bar, q_empty = bar + 8;
-  auto k_full = [&](int s) { return bar + 8u * (2 + s); };
-  auto v_full = [&](int s) { return bar + 8u * (2 + kStages + s); };
-  auto k_empty = [&](int s) { return bar + 8u * (2 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return bar + 8u * (2 + 3 * kStages + s); };
+  // Q tile qi (the CTA's qi-th) sits in buffer qi % kQBufs; its barriers'
+  // phase is that buffer's use count.
+  auto q_buf = [&](int qi) { return qi % L::kQBufs == 0 ? sQ : base + L::kQ2; };
+  auto q_full = [&](int qi) { return bar + 8u * (qi % L::kQBufs); };
+  auto q_empty = [&](int qi) { return bar + 8u * (2 + qi % L::kQBufs); };
+  auto q_phase = [&](int qi) { return static_cast<uint32_t>((qi / L::kQBufs) & 1); };
+  auto k_full = [&](int s) { return bar + 8u * (4 + s); };
+  auto v_full = [&](int s) { return bar + 8u * (4 + kStages + s); };
+  auto k_empty = [&](int s) { return bar + 8u * (4 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bar + 8u * (4 + 3 * kStages + s); };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
-    MbarInit(q_full, 1);
-    MbarInit(q_empty, 8);  // lane 0 of each consumer warp
+    for (int b = 0; b < L::kQBufs; ++b) {
+      MbarInit(q_full(b), 1);
+      MbarInit(q_empty(b), 8);  // lane 0 of each consumer warp
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       MbarInit(k_full(s), 1);
@@ -279,11 +291,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t >= n_tiles || !decode(t, &tile)) continue;
       if (lane == 0) {
         const int kvh = tile.h / p.group;
-        MbarWait(q_empty, (qi & 1) ^ 1);  // the consumers are done with the previous Q
-        MbarExpectTx(q_full, L::kQBytes);
+        MbarWait(q_empty(qi), q_phase(qi) ^ 1);  // the consumers are done with this buffer's last Q
+        MbarExpectTx(q_full(qi), L::kQBytes);
 #pragma unroll
         for (int a = 0; a < kAtoms; ++a) {
-          TmaLoad3d(sQ + a * kBlockM * kAtomBytes, &tm_q, q_full, a * kAtomCols, tile.h,
+          TmaLoad3d(q_buf(qi) + a * kBlockM * kAtomBytes, &tm_q, q_full(qi), a * kAtomCols, tile.h,
                     tile.seq_start + tile.m_block * kBlockM);
         }
         auto load_k = [&](int i) {
@@ -332,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t qa = sQ + (kk / 4) * kBlockM * kAtomBytes + wg * 64 * kAtomBytes + (kk % 4) * 32;
+      const uint32_t qa = q_buf(qi) + (kk / 4) * kBlockM * kAtomBytes + wg * 64 * kAtomBytes + (kk % 4) * 32;
       const uint32_t kb = sK + stage * L::kKVBytes + (kk / 4) * kBlockN * kAtomBytes + (kk % 4) * 32;
       WgmmaSS<T, kBlockN>(s, Desc(qa, 16, 1024), Desc(kb, 16, 1024), kk > 0 ? 1 : 0);
     }
@@ -442,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
 
-    MbarWait(q_full, qi & 1);
+    MbarWait(q_full(qi), q_phase(qi));
     if constexpr (kSched == 0) {
       for (int i = 0; i < n_blocks; ++i) {
         const int j = it + i, stage = j % kStages;
@@ -453,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         WgmmaWait<0>();
         FenceRegs(s);
         release(k_empty(stage));
-        if (i == n_blocks - 1) release(q_empty);
+        if (i == n_blocks - 1) release(q_empty(qi));
         float alpha[2];
         softmax(n_blocks - 1 - i, alpha);
         rescale(alpha);
@@ -501,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         rescale(alpha);
         to_p();
       }
-      release(q_empty);  // every S of this tile is done
+      release(q_empty(qi));  // every S of this tile is done
       const int j = it + n_blocks - 1;
       stage = j % kStages;
       MbarWait(v_full(stage), (j / kStages) & 1);
@@ -596,11 +608,11 @@ CudaStatus EncodeMap(CUtensorMap* map, DType dtype, const void* ptr, int64_t T, 
   return CudaStatus::Ok();
 }
 
-template <typename T, int kD, int kStages, int kSched, bool kStageO>
+template <typename T, int kD, int kStages, int kSched, bool kStageO, int kQBufs = 1>
 CudaStatus LaunchKernel(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
                         dim3 grid, cudaStream_t stream) {
-  auto kernel = HopperFlashKernel<T, kD, kStages, kSched, kStageO>;
-  constexpr int kSmem = HopperLayout<kD, kStages, kStageO>::kBytes;
+  auto kernel = HopperFlashKernel<T, kD, kStages, kSched, kStageO, kQBufs>;
+  constexpr int kSmem = HopperLayout<kD, kStages, kStageO, kQBufs>::kBytes;
   if (CudaStatus s = FS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       !s.ok())
     return s;
@@ -613,6 +625,10 @@ template <typename T, int kD>
 CudaStatus LaunchHeadDim(const CUtensorMap& q, const CUtensorMap& k, const CUtensorMap& v, const HopperParams& hp,
                          dim3 grid, const HopperKnobs& c, cudaStream_t stream) {
   if (c.stages == 3) return LaunchKernel<T, kD, 3, 1, true>(q, k, v, hp, grid, stream);
+  if (c.q_bufs == 2) {
+    return c.sched == 1 ? LaunchKernel<T, kD, 2, 1, true, 2>(q, k, v, hp, grid, stream)
+                        : LaunchKernel<T, kD, 2, 2, true, 2>(q, k, v, hp, grid, stream);
+  }
   switch (c.sched * 2 + (c.stage_o ? 1 : 0)) {
     case 1:
       return LaunchKernel<T, kD, 2, 0, true>(q, k, v, hp, grid, stream);
@@ -639,6 +655,7 @@ CudaStatus LaunchDtype(const CUtensorMap& q, const CUtensorMap& k, const CUtenso
 bool HopperAttentionAvailable() { return (HopperDeviceInfo() & 1) != 0; }
 
 bool HopperAttentionBuilt(const HopperKnobs& c) {
+  if (c.q_bufs != 1) return c.q_bufs == 2 && c.stages == 2 && (c.sched == 1 || c.sched == 2) && c.stage_o;
   if (c.stages == 3) return c.sched == 1 && c.stage_o;
   return c.stages == 2 && ((c.sched == 0 && c.stage_o) || c.sched == 1 || c.sched == 2);
 }
@@ -653,7 +670,8 @@ CudaStatus LaunchAttentionHopper(const AttentionParams& a, const HopperKnobs& c,
   }
   if (!HopperAttentionBuilt(c)) {
     return CudaStatus::Error("attention_hopper: no kernel with " + std::to_string(c.stages) + " stages, schedule " +
-                             std::to_string(c.sched) + (c.stage_o ? ", staged O" : ", direct O"));
+                             std::to_string(c.sched) + (c.stage_o ? ", staged O" : ", direct O") + " and " +
+                             std::to_string(c.q_bufs) + " Q buffers");
   }
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return CudaStatus::Error("attention: Hq must be a multiple of Hkv");
   if (a.T == 0 || a.B == 0 || a.max_seqlen == 0) return CudaStatus::Ok();

@@ -113,12 +113,6 @@ constexpr size_t kSymmetricMaxBytes = 32 << 10;
 // peers' rows is slower than NCCL's ring, 332 vs 221 us; gpu_collective_bench).
 constexpr int64_t kFusedNormMaxRows = 64;
 
-// An experiment switch read at start-up: whether the variable is set to `value`.
-bool EnvEquals(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == value;
-}
-
 // A runtime call's error as a status (the one conversion, CudaToAbsl).
 absl::Status Cuda(cudaError_t e, const char* what) { return CudaToAbsl(CheckCuda(e, what, __FILE__, __LINE__)); }
 
@@ -203,13 +197,14 @@ class CudaModelRunner final : public ModelRunner {
     flash_ok_ = cuda::AttentionHeadDimSupported(static_cast<int>(c_.head_dim));
     chunk_flash_ = flash_ok_ && cuda::HopperAttentionAvailable() &&
                    cuda::HopperAttentionSupports(dt_, static_cast<int>(c_.head_dim)) &&
-                   !EnvEquals("FUSEDSERVE_CHUNK_FLASH", "0");  // "0": later chunks on paged attention
-    residual_in_gemm_ = group_ == nullptr && !EnvEquals("FUSEDSERVE_RESIDUAL_IN_GEMM", "0");
+                   cuda::EnvKnob("FUSEDSERVE_CHUNK_FLASH", 0, 1, 1) != 0;  // "0": later chunks on paged attention
+    residual_in_gemm_ = group_ == nullptr && cuda::EnvKnob("FUSEDSERVE_RESIDUAL_IN_GEMM", 0, 1, 1) != 0;
 
     if (absl::Status status = Upload(w, {"model.embed_tokens.weight"}, &embed_); !status.ok()) return status;
     if (absl::Status status = Upload(w, {"model.norm.weight"}, &final_norm_); !status.ok()) return status;
     const std::string head_name = c_.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    vocab_parallel_ = group_ != nullptr && shard_.size > 1 && !EnvEquals("FUSEDSERVE_TP_VOCAB_PARALLEL", "0");
+    vocab_parallel_ =
+        group_ != nullptr && shard_.size > 1 && cuda::EnvKnob("FUSEDSERVE_TP_VOCAB_PARALLEL", 0, 1, 1) != 0;
     if (vocab_parallel_) {
       // Every rank's vocabulary rows (where its logits land in the gather).
       for (int r = 0; r < shard_.size; ++r) {
@@ -226,7 +221,7 @@ class CudaModelRunner final : public ModelRunner {
       if (absl::Status status = Upload(w, {head_name}, &lm_head_own_); !status.ok()) return status;
     }
     lm_head_ = c_.tied_embeddings && !vocab_parallel_ ? embed_.get() : lm_head_own_.get();
-    if (group_ != nullptr && EnvEquals("FUSEDSERVE_TP_SYMMETRIC", "1")) {
+    if (group_ != nullptr && cuda::EnvKnob("FUSEDSERVE_TP_SYMMETRIC", 0, 1, 0) == 1) {
       // Every rank registers at once (the loaders run one thread a rank).
       if (CudaStatus s = group_->AllocateSymmetric(shard_.rank, kSymmetricMaxBytes, &symmetric_); s.ok()) {
         symmetric_bytes_ = kSymmetricMaxBytes;
@@ -234,7 +229,7 @@ class CudaModelRunner final : public ModelRunner {
         std::fprintf(stderr, "tensor parallel: all-reduces in plain buffers (%s)\n", s.message.c_str());
       }
     }
-    if (group_ != nullptr && shard_.size > 1 && !EnvEquals("FUSEDSERVE_TP_FUSED_NORM", "0")) {
+    if (group_ != nullptr && shard_.size > 1 && cuda::EnvKnob("FUSEDSERVE_TP_FUSED_NORM", 0, 1, 1) != 0) {
       // Collective like the windows above.
       const int64_t rows = shard_.size == 2 ? std::max(kFusedNormMaxRows, o_.max_tokens) : kFusedNormMaxRows;
       if (CudaStatus s = cuda::TpAddNorm::Create(*group_, shard_.rank, rows, c_.hidden, dt_, &add_norm_);

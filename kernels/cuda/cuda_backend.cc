@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/cuda/buffers.h"
+#include "kernels/cuda/env_knob.h"
 
 namespace fusedserve {
 namespace {
@@ -40,12 +41,10 @@ constexpr absl::Duration kSpinWait = absl::Microseconds(200);
 // Largest zero-copy launch: kZeroCopyBytes unless FUSEDSERVE_ZERO_COPY_BYTES
 // says otherwise; FUSEDSERVE_ZERO_COPY=0 turns zero-copy off (A/B, a way out).
 size_t ZeroCopyLimit() {
-  static const size_t limit = [] {
-    const char* off = std::getenv("FUSEDSERVE_ZERO_COPY");
-    if (off != nullptr && off[0] == '0') return size_t{0};
-    const char* bytes = std::getenv("FUSEDSERVE_ZERO_COPY_BYTES");
-    return bytes != nullptr ? static_cast<size_t>(std::strtoull(bytes, nullptr, 10)) : kZeroCopyBytes;
-  }();
+  static const size_t limit = cuda::EnvKnob("FUSEDSERVE_ZERO_COPY", 0, 1, 1) == 0
+                                  ? 0
+                                  : static_cast<size_t>(cuda::EnvKnob("FUSEDSERVE_ZERO_COPY_BYTES", 0, 1 << 30,
+                                                                      static_cast<int>(kZeroCopyBytes)));
   return limit;
 }
 

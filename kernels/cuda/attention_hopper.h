@@ -26,8 +26,9 @@ bool HopperAttentionSupports(DType dtype, int D);
 // coalesced 16-byte row stores (where it fits: not D=128 with 3 stages)
 // instead of 4-byte stores from the accumulators. `q_bufs` 2: a second Q
 // buffer, so the next query tile's Q loads during this tile's last key
-// tiles instead of after its last S (H200, B=4 S=2048: o1 265-268 us
-// instead of 281-285; B=1 S=2048 2-6% slower, hence a tuning candidate).
+// tiles instead of after its last S (H200, B=4 S=2048: o1 264.5-267.1 us
+// instead of 279.4-279.7; 1-4% slower at S >= 4096 or few tiles, so a
+// tuning candidate and the default only where it wins).
 struct HopperKnobs {
   int stages = 2;
   int sched = 2;

@@ -11,10 +11,10 @@
 // Times are medians of per-launch event timings, after warm-up; input sets
 // are rotated until one pass touches >= 256 MB so L2 does not flatter.
 // Shapes: the model shapes of tests/gpu/op_cases.h (Llama-3-8B's dims).
-// Usage: gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S|decode|gemm_algos|decode_gemm|rope_kv|paged]]
-// (gemm_algos: cuBLASLt's heuristic list on the large GEMMs, timed; decode_gemm:
-// the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs; paged: the
-// model's paged decode attention; none of them in the default run)
+// Usage: gpu_compute_bench [out.json
+// [linear|swiglu|prefill|prefill:B:S[:D]|decode|gemm_algos|decode_gemm|rope_kv|paged]] (gemm_algos: cuBLASLt's
+// heuristic list on the large GEMMs, timed; decode_gemm: the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs;
+// paged: the model's paged decode attention; none of them in the default run)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -535,9 +535,10 @@ void GemmAlgos(int64_t M, int64_t N, int64_t K, cublasLtEpilogue_t epi) {
   FreeAll();
 }
 
-void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
+// head_dim 0: the model case's (tests/gpu/op_cases.h); 64: the 1B preset's.
+void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us, int64_t head_dim = 0) {
   const std::vector<int64_t> k = ModelKey("attention");
-  const int64_t Hq = k[1], Hkv = k[2], D = k[3], T = B * S;
+  const int64_t Hq = k[1], Hkv = k[2], D = head_dim > 0 ? head_dim : k[3], T = B * S;
   const size_t set = (2 * T * Hq * D + 2 * T * Hkv * D) * 2;
   const int copies = Copies(set);
   std::vector<void*> qs, ks, vs, os;
@@ -558,7 +559,7 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
                  {"k", Shape({T, Hkv, D})},
                  {"v", Shape({T, Hkv, D})},
                  {"seq_lens", HostTensor::FromInt64(DType::kI64, {B}, lens)}};
-  host.attrs = {{"causal", true}, {"scale", 1.0 / std::sqrt(128.0)}};
+  host.attrs = {{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(D))}};
   auto op = [&](const std::string& cfg) {
     return [&, cfg](int i) {
       const int c = i % copies;
@@ -571,7 +572,8 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us) {
     };
   };
   const double flops = 2.0 * B * Hq * S * S * D;
-  const std::string shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " Hq=32 Hkv=8 D=128";
+  const std::string shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " Hq=" + std::to_string(Hq) +
+                            " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
   auto tf = [&](double us) { return flops / (us * 1e-6) / 1e12; };
   const std::vector<std::string> cands = CudaCandidates("attention", DType::kBF16, {T, Hq, Hkv, D});
   std::vector<std::function<void(int)>> fns = {op("")};
@@ -891,9 +893,11 @@ int main(int argc, char** argv) {
     RopeKv("llama-3.2-1b", 4096, 32, 8, 64);
     RopeKv("llama-3.2-1b", 64, 32, 8, 64);
   }
-  if (only.rfind("prefill:", 0) == 0) {  // "prefill:B:S", one shape (for a profiler)
-    int64_t b = 0, sl = 0;
-    if (std::sscanf(only.c_str(), "prefill:%ld:%ld", &b, &sl) == 2) Prefill(b, sl, 1, 1);
+  if (only.rfind("prefill:", 0) == 0) {  // "prefill:B:S[:D]", one shape (for a profiler)
+    int64_t b = 0, sl = 0, d = 0;
+    if (std::sscanf(only.c_str(), "prefill:%ld:%ld:%ld", &b, &sl, &d) >= 2 && (d == 0 || d == 64 || d == 128)) {
+      Prefill(b, sl, 1, 1, d);
+    }
   }
   if (only.empty() || only == "prefill") {
     Prefill(1, 512, 21.80, 15.01);

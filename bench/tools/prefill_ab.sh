@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The Hopper prefill attention rows of gpu_compute_bench (Hq=32 Hkv=8 D=128,
+# The Hopper prefill attention rows of gpu_compute_bench (Hq=32 Hkv=8,
 # causal bf16; every built config) for several builds or settings,
 # interleaved round by round like decode_ab.sh. Each variant is
 # "LABEL BUNDLE [VAR=VALUE ...]" (one quoted argument). One line per round,
 # shape and variant: the default's time, then each h128 config's, in us.
+# SHAPES: B:S[:D] (D 64: the 1B preset's head dim; default 128).
 # Usage: prefill_ab.sh ROUNDS SHAPES "base bundleA" "new bundleB" ...
-#   e.g. prefill_ab.sh 2 4:2048,1:2048,4:8192 "head h" "new b"
+#   e.g. prefill_ab.sh 2 4:2048,1:2048,4:2048:64 "head h" "new b"
 set -u
 rounds=$1 shapes=$2
 shift 2
@@ -14,7 +15,7 @@ for r in $(seq 1 "$rounds"); do
   for s in ${shapes//,/ }; do
     for v in "${variants[@]}"; do
       read -r label b vars <<< "$v"
-      printf '%-12s r%s B:S=%-7s ' "$label" "$r" "$s"
+      printf '%-12s r%s B:S:D=%-10s ' "$label" "$r" "$s"
       # shellcheck disable=SC2086
       env $vars timeout 120 "$b/env.sh" "$b/bin/gpu_compute_bench" /tmp/prefill_ab.json "prefill:$s" 2>&1 |
         grep -E '^ *attn_prefill' | grep -E 'ours \((default|h128[^)]*)\)' |

@@ -575,7 +575,15 @@ void Prefill(int64_t B, int64_t S, double fa2_us, double cudnn_us, int64_t head_
   const std::string shape = "B=" + std::to_string(B) + " S=" + std::to_string(S) + " Hq=" + std::to_string(Hq) +
                             " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
   auto tf = [&](double us) { return flops / (us * 1e-6) / 1e12; };
-  const std::vector<std::string> cands = CudaCandidates("attention", DType::kBF16, {T, Hq, Hkv, D});
+  std::vector<std::string> cands = CudaCandidates("attention", DType::kBF16, {T, Hq, Hkv, D});
+  // FS_PREFILL_CONFIGS=a,b,...: time only these configs beside the default
+  // (names as the candidates list spells them), for shorter A/B runs.
+  if (const char* only = std::getenv("FS_PREFILL_CONFIGS"); only != nullptr && *only != '\0') {
+    const std::string keep = std::string(",") + only + ",";
+    cands.erase(std::remove_if(cands.begin(), cands.end(),
+                               [&](const std::string& c) { return keep.find("," + c + ",") == std::string::npos; }),
+                cands.end());
+  }
   std::vector<std::function<void(int)>> fns = {op("")};
   for (const std::string& cfg : cands) fns.push_back(op(cfg));
   std::vector<double> t = TimeUs(fns, S >= 8192 ? 10 : kIters);

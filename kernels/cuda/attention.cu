@@ -768,6 +768,12 @@ AttentionConfig DefaultAttentionConfig(const AttentionParams& a, int sm_count) {
       h.hopper_sched = 1;
       h.hopper_q_bufs = 2;
     }
+    // Head dim 64 (the 1B preset's): a key tile's GEMMs are half as long as
+    // at 128 and its softmax as long, and below 4096 tokens the in-order
+    // schedule beats o2 by 5-8% (H200, B:S 1:2048, 4:2048, 8:1024; equal at
+    // S=512; bench/notes/attention_hopper.md v9); from 4096 o1 and o0 trade
+    // places between leases, so o1 stays.
+    if (a.D == 64 && a.max_seqlen < 4096) h.hopper_sched = 0;
     return h;
   }
   // Measured B=1 S=2048 Hq=32 (512 CTAs of 128 rows): 154 us with 64 rows,

@@ -14,7 +14,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -400,18 +403,32 @@ CudaStatus LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, si
 
 // Blocks of `threads` threads of `kernel` (with `smem` bytes of dynamic
 // shared memory each) the current device holds at once (SMs x blocks per
-// SM): the size of one full wave.
-template <typename Kernel>
-CudaStatus ResidentBlocks(Kernel kernel, int threads, int64_t* blocks, size_t smem = 0) {
-  int device = 0, sms = 0, per_sm = 0;
+// SM): the size of one full wave. Queried once per device, kernel, block
+// size and shared memory: eager launches (FusedOp's GEMV) ask every time.
+inline CudaStatus ResidentBlocksOf(const void* kernel, int threads, size_t smem, int64_t* blocks) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int64_t> cache;
+  int device = 0;
   if (CudaStatus s = FS_CUDA_CHECK(cudaGetDevice(&device)); !s.ok()) return s;
+  const auto key = std::make_tuple(device, kernel, threads, smem);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) {
+    *blocks = it->second;
+    return CudaStatus::Ok();
+  }
+  int sms = 0, per_sm = 0;
   if (CudaStatus s = FS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)); !s.ok())
     return s;
   if (CudaStatus s = FS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
       !s.ok())
     return s;
   *blocks = static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
+  cache.emplace(key, *blocks);
   return CudaStatus::Ok();
+}
+template <typename Kernel>
+CudaStatus ResidentBlocks(Kernel kernel, int threads, int64_t* blocks, size_t smem = 0) {
+  return ResidentBlocksOf(reinterpret_cast<const void*>(kernel), threads, smem, blocks);
 }
 
 // Dynamic shared memory a block asks for so that an SM holds at most `cap`

@@ -195,7 +195,7 @@ struct SplitKeys {
 };
 __device__ __forceinline__ SplitKeys SplitKeysOf(const PagedAttentionParams& p, int r, int split, int splits) {
   const int seq = p.row_seq[r], ctx = p.ctx_lens[r];
-  const int used = ctx <= kPagedOneCtaKeys ? 1 : splits;
+  const int used = ctx <= PagedOneCtaKeys(p) ? 1 : splits;
   const int part = (ctx + used - 1) / used;
   const int kbeg = min(ctx, split * part);
   const int32_t* bt = p.block_tables + static_cast<int64_t>(seq) * (p.bt_stride_ptr ? *p.bt_stride_ptr : p.bt_stride);

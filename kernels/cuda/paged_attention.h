@@ -102,6 +102,13 @@ constexpr int kPagedMaxSplitRows = 1024;
 // llama-3.2-1b decode at context 128: 3-4% of the step at B = 8, 1-3% at
 // B = 1 and 16, within noise at B = 2 and 4).
 constexpr int kPagedOneCtaKeys = 128;
+// Except a lone row at head dim 128: the tensor-core kernel's CTA takes 64
+// keys a pass there, and two passes on one CTA lost to 16 split CTAs and
+// their merge (llama-3-8b, B=1 ctx 128: 5.1-5.6 us against 4.5-4.7); more
+// rows fill the GPU without splits.
+__host__ __device__ inline int PagedOneCtaKeys(const PagedAttentionParams& p) {
+  return p.R == 1 && p.D == 128 ? 64 : kPagedOneCtaKeys;
+}
 int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
 // Workspace bytes for any launch of these head counts (context splits keep
 // R * splits <= kPagedMaxSplitRows). Zero it once when allocated: it holds
@@ -109,7 +116,7 @@ int PagedAttentionSplits(int R, int Hkv, int max_ctx, int sm_count);
 size_t PagedAttentionWorkspaceBytes(int Hq, int D);
 // Each row's context is cut in `splits` equal parts (the split count, not the
 // part length, is fixed so a CUDA graph can replay the launch for any ctx);
-// a row of at most kPagedOneCtaKeys keys is one part.
+// a row of at most PagedOneCtaKeys(p) keys is one part.
 CudaStatus LaunchPagedAttention(const PagedAttentionParams& p, int splits, void* workspace, cudaStream_t stream);
 
 }  // namespace fusedserve::cuda

@@ -182,9 +182,11 @@ TEST(PagedAttentionTest, MatchesTheReference) {
     CheckPaged({dt, 32, 4, 128, {4096, 77}, {0, 1}}, ++seed);  // GQA 8, a long context
     // The 1B and 8B decode shapes (GQA 4), rows of lengths around the tensor-core
     // kernel's key tiles (8 keys), warp iterations (16-32 keys, x 4 warps) and
-    // kPagedOneCtaKeys (rows up to 128 keys take one split of the launch's).
+    // PagedOneCtaKeys (rows up to 128 keys take one split of the launch's).
     CheckPaged({dt, 32, 8, 64, {1, 8, 9, 31, 33, 128, 129, 2048}, {0, 1, 2, 3, 4, 5, 6, 7}}, ++seed);
     CheckPaged({dt, 32, 8, 128, {2, 15, 16, 17, 128, 129, 255, 257, 1000}, {0, 1, 2, 3, 4, 5, 6, 7, 8}}, ++seed);
+    // A lone row at head dim 128 takes one CTA only up to 64 keys (PagedOneCtaKeys).
+    for (int ctx : {64, 65, 128}) CheckPaged({dt, 32, 8, 128, {ctx}, {0}}, ++seed);
   }
 }
 

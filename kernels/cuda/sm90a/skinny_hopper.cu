@@ -227,6 +227,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   } else {
     const int cw = wg - 1;
     const int lane = threadIdx.x % 32;
+    // A consumer of the previous kernel's row sums takes its rows' rstd now,
+    // while the first stages fill (x loads only after the same wait), not
+    // in the epilogue (the barrier after the mainloop publishes rstd_s).
+    if (p.sq_in != nullptr) {
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+      const int ct = threadIdx.x - 128;
+      if (ct < p.M) rstd_s[ct] = rsqrtf(static_cast<float>(__ldcg(p.sq_in + ct)) / kNormSumScale * p.inv_k + p.eps);
+    }
     float acc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
@@ -277,10 +285,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     // now, after every tile's x).
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     const int ct = threadIdx.x - 128;  // consumer thread 0..255
-    if (p.sq_in != nullptr) {
-      if (ct < p.M) rstd_s[ct] = rsqrtf(static_cast<float>(__ldcg(p.sq_in + ct)) / kNormSumScale * p.inv_k + p.eps);
-      asm volatile("bar.sync 2, 256;" ::: "memory");
-    }
     // Rank r's share of the CTA's output features: a multiple of four, so a
     // thread takes four neighbours (one 16-byte load a rank, two rope pairs).
     const int per = ((kOutPerCta + ranks - 1) / ranks + 3) & ~3;

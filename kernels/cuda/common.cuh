@@ -404,7 +404,8 @@ CudaStatus LaunchKernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, si
 // Blocks of `threads` threads of `kernel` (with `smem` bytes of dynamic
 // shared memory each) the current device holds at once (SMs x blocks per
 // SM): the size of one full wave. Queried once per device, kernel, block
-// size and shared memory: eager launches (FusedOp's GEMV) ask every time.
+// size and shared memory; eager launches (FusedOp's GEMV) would otherwise
+// pay the occupancy query on every launch.
 inline CudaStatus ResidentBlocksOf(const void* kernel, int threads, size_t smem, int64_t* blocks) {
   static std::mutex mu;
   static std::map<std::tuple<int, const void*, int, size_t>, int64_t> cache;

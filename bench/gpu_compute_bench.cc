@@ -11,10 +11,11 @@
 // Times are medians of per-launch event timings, after warm-up; input sets
 // are rotated until one pass touches >= 256 MB so L2 does not flatter.
 // Shapes: the model shapes of tests/gpu/op_cases.h (Llama-3-8B's dims).
-// Usage: gpu_compute_bench [out.json
-// [linear|swiglu|prefill|prefill:B:S[:D]|decode|gemm_algos|decode_gemm|rope_kv|paged]] (gemm_algos: cuBLASLt's
-// heuristic list on the large GEMMs, timed; decode_gemm: the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs;
-// paged: the model's paged decode attention; none of them in the default run)
+// Usage:
+//   gpu_compute_bench [out.json [linear|swiglu|prefill|prefill:B:S[:D]|decode|gemm_algos|decode_gemm|rope_kv|paged]]
+// (gemm_algos: cuBLASLt's heuristic list on the large GEMMs, timed; decode_gemm:
+// the 1B model's decode-step GEMMs at 16-64 rows in CUDA graphs; paged: the
+// model's paged decode attention; none of them in the default run)
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 

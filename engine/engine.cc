@@ -350,9 +350,13 @@ void Engine::Step() {
       RunBlockPiece(std::min(ChunkTokens(), std::max<int64_t>(1, options_.max_batched_tokens - decodes)));
   Admit(options_.max_batched_tokens - block_rows);
   UpdateGauges();
-  if (running_.empty()) return;
-  ForwardAndSample(options_.max_batched_tokens - block_rows);
-  UpdateGauges();
+  if (!running_.empty()) {
+    ForwardAndSample(options_.max_batched_tokens - block_rows);
+    UpdateGauges();
+  }
+  // Nothing running: the loop may wait for work, so the next forward pass
+  // does not follow this one at once.
+  if (running_.empty()) forward_end_ = absl::InfinitePast();
 }
 
 int64_t Engine::ChunkTokens() const {
@@ -499,13 +503,21 @@ void Engine::ForwardAndSample(int64_t left) {
   }
   if (batch.empty()) return;
   ForwardOutput out;
-  if (absl::Status st = runner_->Forward(batch, &out); !st.ok()) {
+  const absl::Time start = absl::Now();
+  const absl::Status forwarded = runner_->Forward(batch, &out);
+  const absl::Time t = absl::Now();
+  if (metrics_ != nullptr) {
+    metrics_->engine_forward().Observe(absl::ToDoubleSeconds(t - start));
+    if (forward_end_ != absl::InfinitePast())
+      metrics_->engine_between_forwards().Observe(absl::ToDoubleSeconds(start - forward_end_));
+  }
+  forward_end_ = t;
+  if (absl::Status st = forwarded; !st.ok()) {
     LogError(absl::StrCat("forward step failed: ", st.message()));
     for (auto& s : running_) FinishSequence(*s, absl::InternalError(absl::StrCat("forward failed: ", st.message())));
     running_.clear();
     return;
   }
-  const absl::Time t = absl::Now();
   sampled_at_ = t;
   const int64_t vocab = config().vocab;
   std::vector<bool> finished(running_.size(), false);

@@ -201,6 +201,9 @@ class Engine {
   std::unique_ptr<ActiveBlock> block_;              // engine thread only
   std::thread thread_;
   absl::Time sampled_at_ = absl::InfinitePast();  // see sampled_at()
+  // When the last forward pass ended, if the step after it has not waited
+  // for work since (InfinitePast otherwise): the start of the between-forwards span.
+  absl::Time forward_end_ = absl::InfinitePast();
 };
 
 }  // namespace fusedserve

@@ -71,6 +71,11 @@ class Metrics {
   prometheus::Histogram& tokenizer_time(const std::string& op) { return op == "encode" ? *tok_encode_ : *tok_decode_; }
   // From a token being sampled to the stream message carrying it being sent.
   prometheus::Histogram& token_send() { return *token_send_; }
+  // The engine's steps: the forward pass, and the time between two
+  // consecutive forward passes (scheduling, sampling, streaming: the GPU
+  // waits for the host then).
+  prometheus::Histogram& engine_forward() { return *engine_forward_; }
+  prometheus::Histogram& engine_between_forwards() { return *engine_between_; }
   prometheus::Counter& prompt_tokens() { return *prompt_tokens_; }
   prometheus::Counter& generated_tokens() { return *generated_tokens_; }
   prometheus::Gauge& requests_running() { return *running_; }
@@ -106,6 +111,8 @@ class Metrics {
   prometheus::Histogram* tok_encode_;
   prometheus::Histogram* tok_decode_;
   prometheus::Histogram* token_send_;
+  prometheus::Histogram* engine_forward_;
+  prometheus::Histogram* engine_between_;
   prometheus::Histogram* stages_[kStages];
   prometheus::Counter* inline_launches_;
   prometheus::Counter* prompt_tokens_;

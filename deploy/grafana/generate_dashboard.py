@@ -94,6 +94,10 @@ ROWS = [
         ("Token send time", "s", "timeseries",
          quantiles("fusedserve_generate_token_send_seconds", [], SEL),
          "From a token being sampled to the stream message carrying it being sent (p50, p99)."),
+        ("Engine step: forward pass and host time between", "s", "timeseries",
+         quantiles("fusedserve_engine_step_seconds", ["part"], SEL),
+         "One forward pass of the running batch, and the host's time from one forward pass to the next "
+         "(scheduling, sampling, streaming; the GPU waits then), p50 and p99."),
         ("Tokens per second", "short", "timeseries",
          [q(f"sum(rate(fusedserve_generated_tokens_total{{{SEL}}}[{RATE}]))", "generated"),
           q(f"sum(rate(fusedserve_prompt_tokens_total{{{SEL}}}[{RATE}]))", "prompt")],

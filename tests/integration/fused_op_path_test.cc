@@ -3,7 +3,8 @@
 // request's stages land in fusedserve_fused_op_stage_seconds, concurrent
 // requests still merge (the batcher), and the three gRPC APIs
 // (--fused_op_api: async by default, callback, sync) answer the same. Generate streams observe
-// fusedserve_generate_token_send_seconds.
+// fusedserve_generate_token_send_seconds, and the engine its step times
+// (fusedserve_engine_step_seconds).
 #include <signal.h>
 
 #include <chrono>
@@ -201,6 +202,11 @@ TEST(FusedOpPath, GenerateObservesTokenSendTime) {
   });
   EXPECT_EQ(Sample(m, "fusedserve_generate_token_send_seconds_count"), messages) << m;
   EXPECT_GT(Sample(m, "fusedserve_generate_token_send_seconds_sum"), 0);
+  // The engine's steps: the prompt's forward pass and seven decodes, each
+  // decode after a between-forwards span.
+  EXPECT_GE(Sample(m, "fusedserve_engine_step_seconds_count{part=\"forward\"}"), 8) << m;
+  EXPECT_GE(Sample(m, "fusedserve_engine_step_seconds_count{part=\"between\"}"), 7) << m;
+  EXPECT_GT(Sample(m, "fusedserve_engine_step_seconds_sum{part=\"between\"}"), 0) << m;
 }
 
 }  // namespace

@@ -161,10 +161,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()), id_(g_
                      .Register(r)
                      .Add({}, StageBuckets());
   auto& engine_step = prometheus::BuildHistogram()
-                           .Name("fusedserve_engine_step_seconds")
-                           .Help("Generate engine steps: part forward (one forward pass of the batch), part between "
-                                 "(from the end of one forward pass to the start of the next while sequences run)")
-                           .Register(r);
+                          .Name("fusedserve_engine_step_seconds")
+                          .Help(
+                              "Generate engine steps: part forward (one forward pass of the batch), part between "
+                              "(from the end of one forward pass to the start of the next while sequences run)")
+                          .Register(r);
   engine_forward_ = &engine_step.Add({{"part", "forward"}}, StageBuckets());
   engine_between_ = &engine_step.Add({{"part", "between"}}, StageBuckets());
   auto& stages =

@@ -3,7 +3,8 @@
 # fusedserve_loadgen, gpu_model_bench): decode-step times of the CUDA model
 # runner, then Generate through gRPC with the llama-3.2-1b preset (random
 # bf16 weights) at concurrency 1, 16 and 64 (unique prompts), then the TTFT
-# of a long prompt with and without a cached prefix. Usage: run_generate_gpu.sh BUNDLE
+# of a long prompt with and without a cached prefix, and the engine's mean forward pass and host
+# time between passes (fusedserve_engine_step_seconds). Usage: run_generate_gpu.sh BUNDLE
 # (SKIP_MODEL_BENCH=1: the gRPC part only; SERVER=name: another server binary
 # of the bundle, e.g. a base build for an A/B in the same lease;
 # SERVER_FLAGS: extra server flags; SKIP_TTFT=1: no long-prompt TTFT runs)
@@ -31,4 +32,8 @@ for spec in $specs; do
 done
 curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(prefix_cache_hit_tokens_total|prompt_tokens_total)"
 curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(generated_tokens_total|time_per_output_token_seconds_(sum|count)|time_to_first_token_seconds_(sum|count))"
+# Forward passes and the engine's host time between them, over the whole run (mean us).
+curl -s 127.0.0.1:9191/metrics | awk -F'[ {}"=]+' '/^fusedserve_engine_step_seconds_(sum|count)/ {v[$1 " " $3] = $NF}
+  END {for (p in v) if (p ~ /_sum/) {q = p; sub(/_sum/, "_count", q); split(p, a, " ");
+       if (v[q] > 0) printf "engine %s: %d x %.1f us mean\n", a[2], v[q], 1e6 * v[p] / v[q]}}' 
 kill -TERM $srv; wait $srv; echo "server exit $?"

@@ -35,5 +35,5 @@ curl -s 127.0.0.1:9191/metrics | grep -E "^fusedserve_(generated_tokens_total|ti
 # Forward passes and the engine's host time between them, over the whole run (mean us).
 curl -s 127.0.0.1:9191/metrics | awk -F'[ {}"=]+' '/^fusedserve_engine_step_seconds_(sum|count)/ {v[$1 " " $3] = $NF}
   END {for (p in v) if (p ~ /_sum/) {q = p; sub(/_sum/, "_count", q); split(p, a, " ");
-       if (v[q] > 0) printf "engine %s: %d x %.1f us mean\n", a[2], v[q], 1e6 * v[p] / v[q]}}' 
+       if (v[q] > 0) printf "engine %s: %d x %.1f us mean\n", a[2], v[q], 1e6 * v[p] / v[q]}}'
 kill -TERM $srv; wait $srv; echo "server exit $?"

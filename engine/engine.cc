@@ -512,9 +512,10 @@ void Engine::ForwardAndSample(int64_t left) {
       metrics_->engine_between_forwards().Observe(absl::ToDoubleSeconds(start - forward_end_));
   }
   forward_end_ = t;
-  if (absl::Status st = forwarded; !st.ok()) {
-    LogError(absl::StrCat("forward step failed: ", st.message()));
-    for (auto& s : running_) FinishSequence(*s, absl::InternalError(absl::StrCat("forward failed: ", st.message())));
+  if (!forwarded.ok()) {
+    LogError(absl::StrCat("forward step failed: ", forwarded.message()));
+    for (auto& s : running_)
+      FinishSequence(*s, absl::InternalError(absl::StrCat("forward failed: ", forwarded.message())));
     running_.clear();
     return;
   }

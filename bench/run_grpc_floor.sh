@@ -26,6 +26,9 @@
 #   without zero-copy), fusedserve-nobatch (--batching=false),
 #   fusedserve-worker-answer (--fused_op_answer_on_poller=false),
 #   fusedserve-protobuf (--fused_op_wire_codec=false),
+#   fusedserve-lanes{1,2,4,8} (--cuda_small_op_lanes), fusedserve-noyield
+#   (FUSEDSERVE_WAIT_YIELD=0), fusedserve-prev (one lane, no yield: the
+#   defaults before both),
 #   fusedserve-base[-inline|-nobatch] (the base build).
 set -uo pipefail
 bin=$1
@@ -74,12 +77,20 @@ cmd[fusedserve-nobatch]="fusedserve $fs --batching=false"
 cmd[fusedserve-worker-answer]="fusedserve $fs --fused_op_answer_on_poller=false"
 cmd[fusedserve-protobuf]="fusedserve $fs --fused_op_wire_codec=false"
 cmd[fusedserve-4]="fusedserve $fs --grpc_pollers=4"
+cmd[fusedserve-lanes2]="fusedserve $fs --cuda_small_op_lanes=2"
+cmd[fusedserve-lanes4]="fusedserve $fs --cuda_small_op_lanes=4"
+cmd[fusedserve-lanes8]="fusedserve $fs --cuda_small_op_lanes=8"
+cmd[fusedserve-lanes1]="fusedserve $fs --cuda_small_op_lanes=1"
+cmd[fusedserve-noyield]="fusedserve $fs"
+cmd[fusedserve-prev]="fusedserve $fs --cuda_small_op_lanes=1"
 cmd[fusedserve-poll]="fusedserve $fs"
 cmd[fusedserve-poll-zc]="fusedserve $fs"
 cmd[fusedserve-epoll1]="fusedserve $fs --grpc_poll_strategy=epoll1"
 cmd[fusedserve-epoll1-zc64k]="fusedserve $fs --grpc_poll_strategy=epoll1"
 declare -A envs
 envs[fusedserve-nozc]="FUSEDSERVE_ZERO_COPY=0"
+envs[fusedserve-noyield]="FUSEDSERVE_WAIT_YIELD=0"
+envs[fusedserve-prev]="FUSEDSERVE_WAIT_YIELD=0"  # the defaults before lanes and the yielding wait
 # gRPC's poll() engine: each queue's pollset polls only its own connections
 # (epoll1, the default, has one epoll set that any polling thread may read).
 envs[echo-async-poll]="GRPC_POLL_STRATEGY=poll"

@@ -276,20 +276,22 @@ class Batcher : public OpScheduler {
     if (RunsInline(task.request, options_.inline_max_bytes)) {
       absl::ReleasableMutexLock lock(&mu_);
       if (stopping_) return absl::UnavailableError("server is shutting down");
-      if (queued_ == 0 && running_ < options_.parallel_launches) {
-        // The backend has a free launch slot and nothing waits: the launch
-        // rule would start this request at once; start it here instead of
-        // waking a worker. Counted in running_ like a worker's launch; Launch
-        // releases it. Only while a slot is free, so at most
-        // parallel_launches gRPC threads (one with CUDA) are ever busy with a
-        // launch and under load requests still reach the queue (and batch).
-        // (Neither keyed nor costed: a lone launch needs neither.)
-        ++running_;
+      const bool lanes = options_.inline_launches > 0;
+      if (queued_ == 0 && (lanes ? inline_running_ < options_.inline_launches
+                                 : running_ < options_.parallel_launches)) {
+        // The backend has a free launch slot (or lane) and nothing waits: the
+        // launch rule would start this request at once; start it here
+        // instead of waking a worker. Counted in running_ like a worker's
+        // launch (or in inline_running_ on lanes); Launch releases it. Only
+        // while a slot is free, so at most that many gRPC threads are ever
+        // busy with a launch and under load requests still reach the queue
+        // (and batch). (Neither keyed nor costed: a lone launch needs neither.)
+        ++(lanes ? inline_running_ : running_);
         lock.Release();
         metrics_->inline_launches().Increment();
         std::vector<Pending> batch(1);
         batch[0].task = std::move(task);
-        Launch(std::move(batch));
+        Launch(std::move(batch), lanes);
         return absl::OkStatus();
       }
     }
@@ -343,7 +345,7 @@ class Batcher : public OpScheduler {
     // Inline launches still on gRPC threads.
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](Batcher* b) { return b->running_ == 0; }, this));
+        +[](Batcher* b) { return b->running_ == 0 && b->inline_running_ == 0; }, this));
   }
 
  private:
@@ -441,8 +443,13 @@ class Batcher : public OpScheduler {
 
   // Ends a launch's claim on the backend: when the running count drops below
   // parallel_launches, a waiting worker launches what has queued meanwhile.
-  void Release() {
+  // An inline launch on a lane of its own (`lane`) frees that lane only.
+  void Release(bool lane) {
     absl::MutexLock lock(&mu_);
+    if (lane) {
+      --inline_running_;
+      return;
+    }
     if (--running_ < options_.parallel_launches && !queues_.empty()) cv_.Signal();
   }
 
@@ -450,7 +457,7 @@ class Batcher : public OpScheduler {
   // (the first call of a launch is counted when its batch is taken).
   // RunOnBackend for the launch serving `tasks`; see scheduler.h for `stopped`.
   absl::StatusOr<TensorMap> RunBackend(const OpRequest& request, const std::vector<const OpTask*>& tasks,
-                                       std::vector<absl::Status>* stopped, bool* counted) {
+                                       std::vector<absl::Status>* stopped, bool* counted, bool lane = false) {
     if (!*counted) {
       absl::MutexLock lock(&mu_);
       ++running_;
@@ -458,22 +465,23 @@ class Batcher : public OpScheduler {
     absl::StatusOr<TensorMap> result = RunOnBackend(*backend_, request, tasks, stopped);
     RecordLaunchStages(*metrics_);
     *counted = false;
-    Release();
+    Release(lane);
     return result;
   }
 
   // One request run alone.
-  void RunAlone(OpTask* t, bool* counted) {
+  void RunAlone(OpTask* t, bool* counted, bool lane = false) {
     const absl::Time start = absl::Now();
     std::vector<absl::Status> stopped;
-    absl::StatusOr<TensorMap> one = RunBackend(t->request, {t}, &stopped, counted);
+    absl::StatusOr<TensorMap> one = RunBackend(t->request, {t}, &stopped, counted, lane);
     metrics_->RecordKernel(t->request.op, absl::ToDoubleSeconds(absl::Now() - start));
     metrics_->RecordBatch(t->request.op, 1);
     AnswerGroupScope scope({t});
     t->done(std::move(one));
   }
 
-  void Launch(std::vector<Pending> batch) {
+  // `lane`: a lone inline request on a lane of its own (see Release).
+  void Launch(std::vector<Pending> batch, bool lane = false) {
     const absl::Time start = absl::Now();
     bool counted = true;
     const std::string op = batch.front().task.request.op;
@@ -488,11 +496,11 @@ class Batcher : public OpScheduler {
       run.push_back(&p.task);
     }
     if (run.empty()) {
-      Release();
+      Release(lane);
       return;
     }
     if (run.size() == 1) {
-      RunAlone(run[0], &counted);
+      RunAlone(run[0], &counted, lane);
       return;
     }
     // Same key means same weight hash; confirm the bytes here, outside the
@@ -549,7 +557,8 @@ class Batcher : public OpScheduler {
   std::map<std::string, int> op_queued_ ABSL_GUARDED_BY(mu_);
   int queued_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int running_ ABSL_GUARDED_BY(mu_) = 0;  // launches inside backend_->Run
+  int running_ ABSL_GUARDED_BY(mu_) = 0;         // launches inside backend_->Run
+  int inline_running_ ABSL_GUARDED_BY(mu_) = 0;  // inline launches on lanes (inline_launches), not in running_
   uint64_t next_solo_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time timer_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -72,6 +72,12 @@ struct BatcherOptions {
   // returns: the launch the policy makes at once anyway, minus the hand-off
   // to a worker and back. 0 disables.
   int64_t inline_max_bytes = 0;
+  // Inline launches that may run at once on lanes of their own, beside the
+  // workers' launches (the CUDA backend's small-op lanes: its streams for
+  // memory-bound ops). 0: inline launches take the workers' launch slots
+  // (parallel_launches), as on the CPU reference, whose launches all share
+  // its cores.
+  int inline_launches = 0;
   BatchPolicy defaults;
   std::map<std::string, BatchPolicy> per_op;  // overrides, by op name
 

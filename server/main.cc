@@ -68,6 +68,10 @@ ABSL_FLAG(int, metrics_request_timeout_ms, 5000,
           "/metrics: time a connection gets to send its request and receive the answer before it is closed, ms");
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is present, else CPU), cuda or cpu");
 ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal");
+ABSL_FLAG(int, cuda_small_op_lanes, 16,
+          "CUDA streams for memory-bound FusedOps (norms, softmax, activations, rope): that many run side by side, "
+          "small ones inline on the gRPC threads that received them; GEMMs and attention run one at a time (1..64; "
+          "1 = every launch on one stream, small ones inline only while the batcher is idle)");
 ABSL_FLAG(std::string, tuning_cache, "/var/cache/fusedserve/tuning_cache.json",
           "Tuning cache file (shared by replicas); empty keeps tuned configs in memory only");
 ABSL_FLAG(std::string, envelope, "",
@@ -176,7 +180,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, 
   }
 #ifdef FUSEDSERVE_HAVE_CUDA
   if (device == "cuda" || (device == "auto" && CudaDeviceCount() > 0)) {
-    return MakeCudaBackend(absl::GetFlag(FLAGS_cuda_device), std::move(lookup));
+    return MakeCudaBackend(absl::GetFlag(FLAGS_cuda_device), std::move(lookup),
+                           absl::GetFlag(FLAGS_cuda_small_op_lanes));
   }
   if (device == "auto") LogWarning("no CUDA device found; using the CPU reference backend (slow)");
 #else
@@ -234,6 +239,9 @@ absl::StatusOr<std::unique_ptr<OpScheduler>> MakeScheduler(Backend* backend, Met
   o.inline_max_bytes = direct.inline_max_bytes;
   o.parallel_launches = absl::GetFlag(FLAGS_batch_parallel_launches);
   if (o.parallel_launches <= 0) o.parallel_launches = backend->name() == "cuda" ? 1 : direct.threads;
+  // More than one lane: small inline launches have lanes of their own.
+  const int lanes = absl::GetFlag(FLAGS_cuda_small_op_lanes);
+  if (backend->name() == "cuda" && lanes > 1) o.inline_launches = lanes;
   o.defaults.max_rows = absl::GetFlag(FLAGS_batch_max_rows);
   o.defaults.max_delay_us = absl::GetFlag(FLAGS_batch_max_delay_us);
   o.defaults.idle_us = absl::GetFlag(FLAGS_batch_idle_us);

@@ -1,5 +1,5 @@
-// The CUDA backend: owns the device, one stream, reusable device and pinned
-// host buffers; runs each op through the family dispatchers.
+// The CUDA backend: owns the device, its lanes (a stream with reusable device
+// and pinned host buffers each); runs each op through the family dispatchers.
 #pragma once
 
 #include <memory>
@@ -19,7 +19,11 @@ int CudaDeviceCount();
 // INTERNAL. `what` (may be empty) prefixes the message.
 absl::Status CudaToAbsl(const CudaStatus& s, const std::string& what = "");
 
-// config may be empty (every op uses its default config).
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ConfigLookup config);
+constexpr int kMaxCudaSmallOpLanes = 64;
+
+// config may be empty (every op uses its default config). small_op_lanes
+// (1..kMaxCudaSmallOpLanes): how many small memory-bound launches run side by
+// side, each on a stream of its own; every other launch runs one at a time.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ConfigLookup config, int small_op_lanes = 1);
 
 }  // namespace fusedserve

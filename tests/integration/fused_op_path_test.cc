@@ -7,6 +7,7 @@
 // (fusedserve_engine_step_seconds).
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -19,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "server/validation.h"
+#include "tests/gpu/rel_error.h"
 #include "tests/integration/server_process.h"
 
 namespace fusedserve {
@@ -169,6 +171,63 @@ TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheCallbackApi) { ConcurrentCallsSt
 // events may then come on different threads.
 TEST(FusedOpPath, ConcurrentCallsStillBatchOnASharedQueue) {
   ConcurrentCallsStillBatch({"--grpc_cqs=1", "--grpc_pollers=4"});
+}
+
+// Many callers at once, each on its own connection, with a mix of small
+// row-wise ops (inline; on the CUDA backend on its small-op lanes, side by
+// side), row-wise ops too large to run inline, and GEMMs (one at a time):
+// every answer is the caller's own, within the dtype's tolerance of the CPU
+// reference. (On a GPU host: FUSEDSERVE_TEST_SERVER_FLAGS=--device=cuda.)
+TEST(FusedOpPath, ConcurrentMixedOpsGetTheirOwnAnswers) {
+  std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--batch_max_delay_us=500"});
+  ASSERT_NE(server, nullptr);
+  struct Case {
+    const char* op;
+    DType dtype;
+    std::vector<int64_t> key;
+  };
+  const std::vector<Case> cases = {
+      {"rms_norm", DType::kBF16, {1, 4096}}, {"rms_norm", DType::kF32, {3, 769}},
+      {"softmax", DType::kBF16, {2, 4000}},  {"add_rms_norm", DType::kBF16, {2, 1024}},
+      {"rope", DType::kBF16, {5, 8, 2, 64}}, {"silu_and_mul", DType::kF32, {4, 1376}},
+      {"rms_norm", DType::kBF16, {40, 4096}},  // 320 KiB: above --inline_max_bytes
+      {"linear", DType::kBF16, {9, 256, 128}}};
+  constexpr int kThreads = 12, kEach = 16;
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::unique_ptr<v1::FusedServe::Stub> stub =
+          v1::FusedServe::NewStub(server->NewChannel(grpc::InsecureChannelCredentials()));
+      std::unique_ptr<Backend> cpu = MakeCpuBackend();
+      for (int i = 0; i < kEach; ++i) {
+        const Case& c = cases[static_cast<size_t>(t * 3 + i) % cases.size()];
+        const OpRequest r = MakeRandomRequest(c.op, c.dtype, c.key, static_cast<uint64_t>(5000 + 100 * t + i));
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        v1::FusedOpResponse resp;
+        const grpc::Status st = stub->FusedOp(&ctx, OpRequestToProto(r), &resp);
+        absl::StatusOr<TensorMap> want = cpu->Run(r);
+        if (!st.ok() || !want.ok()) {
+          ADD_FAILURE() << c.op << ": " << st.error_message();
+          ++failed;
+          continue;
+        }
+        const double tol = c.dtype == DType::kF32 ? 1e-4 : 2e-2;
+        for (const auto& [name, w] : *want) {
+          const auto it = resp.outputs().find(name);
+          absl::StatusOr<HostTensor> got =
+              it == resp.outputs().end() ? absl::NotFoundError(name) : TensorFromProto(it->second, name, {});
+          if (!got.ok() || got->shape != w.shape || RelErrorNorm(got->ToFloat(), w.ToFloat()) > tol) {
+            ADD_FAILURE() << c.op << " output " << name << " of call " << t << "/" << i;
+            ++failed;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0) << server->Log();
 }
 
 // The async API's queues (the default) stop cleanly on SIGTERM (drain, then exit 0).

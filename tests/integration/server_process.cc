@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "server/validation.h"
 
@@ -105,6 +106,9 @@ std::unique_ptr<ServerProcess> ServerProcess::Spawn(const std::vector<std::strin
                                    "--listen=127.0.0.1:" + std::to_string(p->port_),
                                    "--metrics_listen=127.0.0.1:" + std::to_string(p->metrics_port_),
                                    "--tuning_cache="};
+  if (const char* extra = std::getenv("FUSEDSERVE_TEST_SERVER_FLAGS")) {
+    for (absl::string_view f : absl::StrSplit(extra, ' ', absl::SkipEmpty())) args.emplace_back(f);
+  }
   args.insert(args.end(), flags.begin(), flags.end());
   const pid_t pid = fork();
   if (pid == 0) {

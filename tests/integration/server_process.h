@@ -25,7 +25,10 @@ class ServerProcess {
  public:
   // Starts $FUSEDSERVE_BIN serve --device=cpu on free ports with `flags`
   // appended and waits until health reports SERVING. Fails the test (returns
-  // nullptr) if it does not within timeout_s.
+  // nullptr) if it does not within timeout_s. $FUSEDSERVE_TEST_SERVER_FLAGS
+  // (space-separated) go before `flags`: on a GPU host,
+  // FUSEDSERVE_TEST_SERVER_FLAGS=--device=cuda runs a test against the CUDA
+  // backend.
   // `credentials` (default: plaintext) are used for the test's own channel,
   // e.g. TLS credentials for a server started with --tls_cert.
   static std::unique_ptr<ServerProcess> Start(const std::vector<std::string>& flags = {}, double timeout_s = 60,

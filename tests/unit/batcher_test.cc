@@ -588,6 +588,54 @@ TEST_F(BatcherTest, ShutdownRunsWhatIsQueuedThenRefuses) {
   EXPECT_EQ(Submit(*s, r, &after).code(), absl::StatusCode::kUnavailable);
 }
 
+// With inline_launches (the CUDA backend's small-op lanes), that many small
+// requests run inline at once, each on its own submitting thread, beside the
+// workers' launch slot; the next one, with every lane busy, queues for a
+// worker (and would batch).
+TEST_F(BatcherTest, InlineLanesRunSideBySideThenQueue) {
+  BatcherOptions o = SlowOptions();
+  o.inline_max_bytes = 1 << 20;
+  o.inline_launches = 3;
+  std::unique_ptr<OpScheduler> s = Make(o);
+  std::vector<Result> results(4);
+  std::vector<std::thread::id> submitters(3), answerers(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      submitters[i] = std::this_thread::get_id();
+      OpTask t;
+      t.request = MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, 300 + i);
+      t.enqueued = absl::Now();
+      t.done = [&, i](absl::StatusOr<TensorMap> v) {
+        answerers[i] = std::this_thread::get_id();
+        results[i].value = std::move(v);
+        results[i].done.Notify();
+      };
+      EXPECT_TRUE(s->Submit(std::move(t)).ok());
+    });
+  }
+  backend_.WaitLaunches(3);  // three inline launches inside the (closed) backend at once
+  OpTask fourth;
+  fourth.request = MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, 303);
+  fourth.enqueued = absl::Now();
+  fourth.done = [&](absl::StatusOr<TensorMap> v) {
+    answerers[3] = std::this_thread::get_id();
+    results[3].value = std::move(v);
+    results[3].done.Notify();
+  };
+  ASSERT_TRUE(s->Submit(std::move(fourth)).ok());  // lanes busy: queued, not run here
+  backend_.WaitLaunches(4);                        // a worker took it (its slot was free)
+  backend_.Open();
+  for (std::thread& t : threads) t.join();
+  for (Result& r : results) {
+    r.done.WaitForNotification();
+    EXPECT_TRUE(r.value.ok()) << r.value.status();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(answerers[i], submitters[i]) << i;
+  EXPECT_NE(answerers[3], std::this_thread::get_id());
+  for (int i = 0; i < 3; ++i) EXPECT_NE(answerers[3], submitters[i]);
+}
+
 // Many threads, many shapes and ops at once: every answer is the caller's own
 // (batcher or direct scheduler; lone requests queued for a worker, or run
 // inline on the submitting thread).

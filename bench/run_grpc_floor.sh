@@ -27,8 +27,8 @@
 #   fusedserve-worker-answer (--fused_op_answer_on_poller=false),
 #   fusedserve-protobuf (--fused_op_wire_codec=false),
 #   fusedserve-lanes{1,2,4,8} (--cuda_small_op_lanes), fusedserve-noyield
-#   (FUSEDSERVE_WAIT_YIELD=0), fusedserve-prev (one lane, no yield: the
-#   defaults before both),
+#   (FUSEDSERVE_WAIT_YIELD=0: the completion wait spins without yielding),
+#   fusedserve-prev (one lane, no yield: the defaults before both),
 #   fusedserve-base[-inline|-nobatch] (the base build).
 set -uo pipefail
 bin=$1

@@ -277,8 +277,8 @@ class Batcher : public OpScheduler {
       absl::ReleasableMutexLock lock(&mu_);
       if (stopping_) return absl::UnavailableError("server is shutting down");
       const bool lanes = options_.inline_launches > 0;
-      if (queued_ == 0 && (lanes ? inline_running_ < options_.inline_launches
-                                 : running_ < options_.parallel_launches)) {
+      if (queued_ == 0 &&
+          (lanes ? inline_running_ < options_.inline_launches : running_ < options_.parallel_launches)) {
         // The backend has a free launch slot (or lane) and nothing waits: the
         // launch rule would start this request at once; start it here
         // instead of waking a worker. Counted in running_ like a worker's

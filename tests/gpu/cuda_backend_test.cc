@@ -121,9 +121,10 @@ TEST(CudaBackend, LanesServeConcurrentCallers) {
   absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeCudaBackend(0, {}, 4);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
-  const std::vector<Case> cases = {{"rms_norm", {1, 4096}},  {"rms_norm", {3, 769}},       {"softmax", {2, 32000}},
-                                   {"add_rms_norm", {2, 4096}}, {"silu_and_mul", {4, 1376}}, {"rope", {5, 8, 2, 128}},
-                                   {"rms_norm", {80, 4096}},  {"linear", {9, 256, 512}},   {"attention", {33, 4, 4, 64}}};
+  const std::vector<Case> cases = {
+      {"rms_norm", {1, 4096}},     {"rms_norm", {3, 769}},      {"softmax", {2, 32000}},
+      {"add_rms_norm", {2, 4096}}, {"silu_and_mul", {4, 1376}}, {"rope", {5, 8, 2, 128}},
+      {"rms_norm", {80, 4096}},    {"linear", {9, 256, 512}},   {"attention", {33, 4, 4, 64}}};
   constexpr int kThreads = 8, kPerThread = 36;
   struct Job {
     OpRequest request;

@@ -186,12 +186,11 @@ TEST(FusedOpPath, ConcurrentMixedOpsGetTheirOwnAnswers) {
     DType dtype;
     std::vector<int64_t> key;
   };
-  const std::vector<Case> cases = {
-      {"rms_norm", DType::kBF16, {1, 4096}}, {"rms_norm", DType::kF32, {3, 769}},
-      {"softmax", DType::kBF16, {2, 4000}},  {"add_rms_norm", DType::kBF16, {2, 1024}},
-      {"rope", DType::kBF16, {5, 8, 2, 64}}, {"silu_and_mul", DType::kF32, {4, 1376}},
-      {"rms_norm", DType::kBF16, {40, 4096}},  // 320 KiB: above --inline_max_bytes
-      {"linear", DType::kBF16, {9, 256, 128}}};
+  const std::vector<Case> cases = {{"rms_norm", DType::kBF16, {1, 4096}},  {"rms_norm", DType::kF32, {3, 769}},
+                                   {"softmax", DType::kBF16, {2, 4000}},   {"add_rms_norm", DType::kBF16, {2, 1024}},
+                                   {"rope", DType::kBF16, {5, 8, 2, 64}},  {"silu_and_mul", DType::kF32, {4, 1376}},
+                                   {"rms_norm", DType::kBF16, {40, 4096}},  // 320 KiB: above --inline_max_bytes
+                                   {"linear", DType::kBF16, {9, 256, 128}}};
   constexpr int kThreads = 12, kEach = 16;
   std::atomic<int> failed{0};
   std::vector<std::thread> threads;

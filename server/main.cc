@@ -667,6 +667,15 @@ int main(int argc, char** argv) {
     }
     setenv("GRPC_POLL_STRATEGY", poll.c_str(), /*overwrite=*/0);
   }
+  // Checked on every backend, so a bad value fails on the CPU fallback too.
+  constexpr int kMaxLanes = 64;
+#ifdef FUSEDSERVE_HAVE_CUDA
+  static_assert(kMaxLanes == fusedserve::kMaxCudaSmallOpLanes, "the CUDA backend's lane limit");
+#endif
+  if (const int lanes = absl::GetFlag(FLAGS_cuda_small_op_lanes); lanes < 1 || lanes > kMaxLanes) {
+    std::fprintf(stderr, "fusedserve: --cuda_small_op_lanes=%d: expected 1..%d\n", lanes, kMaxLanes);
+    return 2;
+  }
   const int code = fusedserve::Run(mode, lifecycle);
   // Everything is drained by now. Skip static destructors: civetweb's stop
   // alone waits ~2 s on its poll loop, which only delays pod termination.

@@ -131,6 +131,14 @@ TEST(FusedOpPath, EachPollEngineServes) {
   }
 }
 
+TEST(FusedOpPath, BadCudaLanesFlagIsRejected) {
+  for (const char* bad : {"0", "65"}) {
+    std::unique_ptr<ServerProcess> server = ServerProcess::Spawn({std::string("--cuda_small_op_lanes=") + bad});
+    EXPECT_EQ(server->WaitExit(30), 2);
+    EXPECT_NE(server->Log().find("expected 1..64"), std::string::npos) << server->Log();
+  }
+}
+
 TEST(FusedOpPath, BadPollStrategyFlagIsRejected) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Spawn({"--grpc_poll_strategy=bogus"});
   EXPECT_EQ(server->WaitExit(30), 2);

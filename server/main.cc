@@ -69,9 +69,10 @@ ABSL_FLAG(int, metrics_request_timeout_ms, 5000,
 ABSL_FLAG(std::string, device, "auto", "auto (CUDA when a GPU is present, else CPU), cuda or cpu");
 ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal");
 ABSL_FLAG(int, cuda_small_op_lanes, 16,
-          "CUDA streams for memory-bound FusedOps (norms, softmax, activations, rope): that many run side by side, "
-          "small ones inline on the gRPC threads that received them; GEMMs and attention run one at a time (1..64; "
-          "1 = every launch on one stream, small ones inline only while the batcher is idle)");
+          "CUDA streams for small memory-bound FusedOps (norms, softmax, activations, rope; zero-copy, up to 1 MiB): "
+          "that many run side by side, inline on the gRPC threads that received them; GEMMs, attention and larger "
+          "ops run one at a time (1..64; 1 = every launch on one stream, small ones inline only while the batcher "
+          "is idle)");
 ABSL_FLAG(std::string, tuning_cache, "/var/cache/fusedserve/tuning_cache.json",
           "Tuning cache file (shared by replicas); empty keeps tuned configs in memory only");
 ABSL_FLAG(std::string, envelope, "",

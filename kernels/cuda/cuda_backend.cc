@@ -1,11 +1,13 @@
 // CUDA backend. Launches run on lanes: a stream and the buffers of one
 // launch at a time, each lane behind its own mutex. Lane 0 runs everything;
-// memory-bound launches (norms, softmax, activations, rope: one pass, no
-// shared device state) may also take any other free lane, so several gRPC
-// threads run their own small ops side by side instead of queueing for one
-// stream (such a kernel is a few µs on a few SMs; the GPU runs them
-// concurrently). GEMMs and attention stay on lane 0: cuBLASLt's workspace is
-// one per device.
+// small memory-bound launches (the zero-copy ones below: norms, softmax,
+// activations, rope, one pass and no shared device state) may also take any
+// other free lane, so several gRPC threads run their own small ops side by
+// side instead of queueing for one stream (such a kernel is a few µs on a
+// few SMs; the GPU runs them concurrently). GEMMs and attention stay on
+// lane 0 (cuBLASLt's workspace is one per device), and so do large launches:
+// the other lanes' buffers stay at the zero-copy size, so lanes cost no
+// pinned or device memory beyond that.
 //
 // A launch packs its inputs into the lane's pinned staging buffer and copies
 // them with a single H2D transfer into the lane's device arena (grown on
@@ -164,10 +166,9 @@ class CudaBackend : public Backend {
       outputs.push_back({name, t, total, bytes});
       total += AlignUp(bytes);
     }
-    const bool memory_bound = r.spec != nullptr && r.spec->memory_bound;
-    const bool zero_copy = memory_bound && total <= ZeroCopyLimit();
+    const bool zero_copy = total <= ZeroCopyLimit() && r.spec != nullptr && r.spec->memory_bound;
     std::unique_lock<std::mutex> lock;
-    Lane& lane = memory_bound ? TakeAnyLane(&lock) : TakeLane(0, &lock);
+    Lane& lane = zero_copy ? TakeAnyLane(&lock) : TakeLane(0, &lock);
     if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device_)); !s.ok()) return CudaToAbsl(s);
     void* dev = nullptr;
     char* host = nullptr;

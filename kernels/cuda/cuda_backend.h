@@ -22,8 +22,9 @@ absl::Status CudaToAbsl(const CudaStatus& s, const std::string& what = "");
 constexpr int kMaxCudaSmallOpLanes = 64;
 
 // config may be empty (every op uses its default config). small_op_lanes
-// (1..kMaxCudaSmallOpLanes): how many small memory-bound launches run side by
-// side, each on a stream of its own; every other launch runs one at a time.
+// (1..kMaxCudaSmallOpLanes): how many small memory-bound launches (the
+// zero-copy ones, up to 1 MiB) run side by side, each on a stream of its own;
+// every other launch runs one at a time.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, ConfigLookup config, int small_op_lanes = 1);
 
 }  // namespace fusedserve

@@ -111,9 +111,9 @@ TEST(CudaBackend, ZeroCopyLimitBothSides) {
 }
 
 // With several lanes, threads that call at once each get their own answer:
-// memory-bound ops on any lane (zero-copy and, above 1 MiB, through copies),
-// GEMMs and attention on lane 0 beside them; every answer matches the CPU
-// backend's for the same request.
+// small memory-bound ops on any lane (zero-copy), GEMMs, attention and a
+// row-wise op above 1 MiB (through copies) on lane 0 beside them; every
+// answer matches the CPU backend's for the same request.
 TEST(CudaBackend, LanesServeConcurrentCallers) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   EXPECT_EQ(MakeCudaBackend(0, {}, 0).status().code(), absl::StatusCode::kInvalidArgument);

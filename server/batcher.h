@@ -56,8 +56,9 @@ struct BatchPolicy {
 
 struct BatcherOptions {
   int threads = 2;  // worker threads (form batches, run them, answer)
-  // Launches the backend runs at once usefully: 1 for CUDA (one stream,
-  // one launch at a time), the worker count for the CPU reference.
+  // Launches the backend runs at once usefully: 1 for CUDA (the workers'
+  // launches, one at a time; small inline ones run on lanes of their own,
+  // inline_launches), the worker count for the CPU reference.
   int parallel_launches = 1;
   int max_queue = 1024;                         // queued requests (all ops) before RESOURCE_EXHAUSTED
   int64_t max_queued_bytes = int64_t{1} << 30;  // their input bytes before RESOURCE_EXHAUSTED

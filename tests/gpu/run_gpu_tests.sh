@@ -3,7 +3,9 @@
 # GPU host: op_test in 8 parallel shards (it checks every op x dtype x case x
 # candidate config), the others one after another. Prints each binary's
 # summary line as it finishes (a run cut short by a time limit still shows
-# what passed) and all of them again at the end; full logs in OUT_DIR.
+# what passed) and all of them again at the end; full logs in OUT_DIR. With
+# fusedserve and fused_op_path_test in the bundle, also the server's
+# concurrent-callers test against the CUDA backend.
 # Usage: run_gpu_tests.sh BUNDLE OUT_DIR
 set -u
 b=$1
@@ -25,7 +27,7 @@ grep -hE "^\[ checked" "$out"/op_test.*.log | awk '{s += $4} END {print "op_test
 echo "op_test: $(cat "$out"/op_test.*.log | grep -cE '^\[  FAILED  \]') FAILED lines"
 for path in "$b"/bin/*_test; do
   t=$(basename "$path")
-  [ "$t" = op_test ] && continue
+  case $t in op_test | fused_op_path_test) continue ;; esac
   timeout 300 "$b/bin/$t" > "$out/$t.log" 2>&1
   summary "$t" "$out/$t.log" $?
 done
@@ -34,6 +36,13 @@ done
 if [ -x "$b/bin/gemv_fused_test" ]; then
   FUSEDSERVE_SKINNY_HOPPER_DOWN=0 timeout 300 "$b/bin/gemv_fused_test" > "$out/gemv_fused_test.register.log" 2>&1
   summary "gemv_fused_test (register kernels)" "$out/gemv_fused_test.register.log" $?
+fi
+# The real server on the CUDA backend, many callers at once (small ops on its
+# lanes, side by side), when the bundle has the server and that test.
+if [ -x "$b/bin/fusedserve" ] && [ -x "$b/bin/fused_op_path_test" ]; then
+  FUSEDSERVE_BIN="$b/bin/fusedserve" FUSEDSERVE_TEST_SERVER_FLAGS=--device=cuda timeout 300 \
+    "$b/bin/fused_op_path_test" --gtest_filter='*ConcurrentMixedOps*' > "$out/fused_op_path_test.cuda.log" 2>&1
+  summary "fused_op_path_test (CUDA server, concurrent callers)" "$out/fused_op_path_test.cuda.log" $?
 fi
 echo "== all"
 cat "$out/rc.txt"

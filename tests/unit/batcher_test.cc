@@ -232,6 +232,7 @@ struct Result {
   absl::StatusOr<TensorMap> value = absl::UnknownError("not called");
   int order = -1;
   bool one_group = false;  // LaunchAnswersShareOneGroup() inside done
+  std::thread::id answered_on;
 };
 
 class BatcherTest : public ::testing::Test {
@@ -253,6 +254,7 @@ class BatcherTest : public ::testing::Test {
     }
     t.done = [this, out](absl::StatusOr<TensorMap> v) {
       out->one_group = LaunchAnswersShareOneGroup();
+      out->answered_on = std::this_thread::get_id();
       out->value = std::move(v);
       out->order = finished_.fetch_add(1);
       out->done.Notify();
@@ -598,42 +600,27 @@ TEST_F(BatcherTest, InlineLanesRunSideBySideThenQueue) {
   o.inline_launches = 3;
   std::unique_ptr<OpScheduler> s = Make(o);
   std::vector<Result> results(4);
-  std::vector<std::thread::id> submitters(3), answerers(4);
+  std::vector<std::thread::id> submitters(3);
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
       submitters[i] = std::this_thread::get_id();
-      OpTask t;
-      t.request = MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, 300 + i);
-      t.enqueued = absl::Now();
-      t.done = [&, i](absl::StatusOr<TensorMap> v) {
-        answerers[i] = std::this_thread::get_id();
-        results[i].value = std::move(v);
-        results[i].done.Notify();
-      };
-      EXPECT_TRUE(s->Submit(std::move(t)).ok());
+      EXPECT_TRUE(Submit(*s, MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, 300 + i), &results[i]).ok());
     });
   }
   backend_.WaitLaunches(3);  // three inline launches inside the (closed) backend at once
-  OpTask fourth;
-  fourth.request = MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, 303);
-  fourth.enqueued = absl::Now();
-  fourth.done = [&](absl::StatusOr<TensorMap> v) {
-    answerers[3] = std::this_thread::get_id();
-    results[3].value = std::move(v);
-    results[3].done.Notify();
-  };
-  ASSERT_TRUE(s->Submit(std::move(fourth)).ok());  // lanes busy: queued, not run here
-  backend_.WaitLaunches(4);                        // a worker took it (its slot was free)
+  // Lanes busy: queued, not run here.
+  ASSERT_TRUE(Submit(*s, MakeRandomRequest("rms_norm", DType::kF32, {1, 64}, 303), &results[3]).ok());
+  backend_.WaitLaunches(4);  // a worker took it (its slot was free)
   backend_.Open();
   for (std::thread& t : threads) t.join();
   for (Result& r : results) {
     r.done.WaitForNotification();
     EXPECT_TRUE(r.value.ok()) << r.value.status();
   }
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(answerers[i], submitters[i]) << i;
-  EXPECT_NE(answerers[3], std::this_thread::get_id());
-  for (int i = 0; i < 3; ++i) EXPECT_NE(answerers[3], submitters[i]);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(results[i].answered_on, submitters[i]) << i;
+  EXPECT_NE(results[3].answered_on, std::this_thread::get_id());
+  for (int i = 0; i < 3; ++i) EXPECT_NE(results[3].answered_on, submitters[i]);
 }
 
 // Many threads, many shapes and ops at once: every answer is the caller's own

@@ -300,7 +300,8 @@ class RecordingSink : public GenerationSink {
     tokens.push_back(t);
     if (lp != nullptr) logprobs.push_back(*lp);
     count.fetch_add(1);
-    if (cancel_after > 0 && static_cast<int>(tokens.size()) >= cancel_after) cancel.store(true);
+    const int after = cancel_after.load();
+    if (after > 0 && static_cast<int>(tokens.size()) >= after) cancel.store(true);
     return stop_after == 0 || static_cast<int>(tokens.size()) < stop_after;
   }
   void OnFinish(const absl::Status& s, const GenerationResult& r) override {
@@ -310,8 +311,8 @@ class RecordingSink : public GenerationSink {
   }
   std::atomic<bool> cancel{false};
   std::atomic<int> count{0};
-  int cancel_after = 0;
-  int stop_after = 0;  // > 0: OnToken asks to stop at this many tokens
+  std::atomic<int> cancel_after{0};  // > 0: cancels itself at this many tokens (may be set while it runs)
+  int stop_after = 0;                // > 0: OnToken asks to stop at this many tokens
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> logprobs;
   absl::Status status;
@@ -595,7 +596,6 @@ TEST(EngineTest, QueueLimitAndCancellation) {
   o.max_waiting = 1;
   auto engine = *Engine::Create(TinyRunner(), &metrics, o);
   auto first = std::make_shared<RecordingSink>();
-  first->cancel_after = 50;  // cancels itself mid-stream
   auto second = std::make_shared<RecordingSink>();
   auto third = std::make_shared<RecordingSink>();
   ASSERT_TRUE(engine->Submit(Req({1, 2}, 4000), first).ok());
@@ -603,6 +603,10 @@ TEST(EngineTest, QueueLimitAndCancellation) {
   while (first->count.load() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   ASSERT_TRUE(engine->Submit(Req({3, 4}, 4000), second).ok());
   EXPECT_EQ(engine->Submit(Req({5}, 4), third).code(), absl::StatusCode::kResourceExhausted);
+  // Only now does first cancel itself mid-stream, 50 tokens on: cancelling
+  // before the submits above would free its slot (second runs, the queue
+  // empties, third is taken): 46 of 200 repeated runs on the 2-core machine.
+  first->cancel_after.store(first->count.load() + 50);
   first->done.WaitForNotification();
   EXPECT_EQ(first->status.code(), absl::StatusCode::kCancelled);
   EXPECT_GE(first->tokens.size(), 50u);

@@ -2,17 +2,32 @@
 // host thread that has its inputs to the host thread seeing its outputs,
 // without gRPC or the backend's bookkeeping. Host clock, p50/p99/min of
 // `iterations` round trips each:
+//   setdevice         cudaSetDevice alone (host only); getdevice likewise
 //   launch+query      empty kernel, cudaStreamQuery spin (the launch floor)
 //   launch+sync       empty kernel, cudaStreamSynchronize (the driver's wait)
 //   zc+query          rms_norm of one bf16 row read from and written to
 //                     mapped pinned memory (zero-copy, the backend's path)
 //   zc+flag           the same, but the host spins on a flag the kernel sets
 //                     in mapped memory after its stores (no driver call)
+//   zc1+query         zero-copy, the row held in registers: every load of x
+//                     and w issued at once (one PCIe round trip, as the
+//                     backend's NormKernel); zc+query reads x twice
+//   zc1+memop         zc1, then the stream writes a flag into mapped memory
+//                     (cuStreamWriteValue32) that the host spins on
+//   param+query       x and w travel in the launch's parameters (16 KiB,
+//                     CUDA 12.1+), y written to mapped memory: no PCIe read
+//   param-copy+query  a kernel copies the parameters to device memory, then
+//                     the zc1 kernel reads them there (a generic H2D for any op)
+//   norm+query        the backend's own rms_norm kernel (cuda::LaunchNorm,
+//                     default config, PDL attribute as the backend launches
+//                     it unless FUSEDSERVE_PDL=0), zero-copy
+//   norm+memop        the same, completion through the stream's flag write
 //   copy+query        H2D copy, the kernel on device memory, D2H copy
 //   resident          a kernel resident on one SM polls a doorbell in mapped
 //                     memory, runs the row and raises a done counter: no
 //                     launch at all (the floor of any launch-free design)
 //   gpu_roundtrip_bench [iterations] [cols]
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +40,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
+#include "kernels/cuda/norm.h"
 
 namespace {
 
@@ -63,6 +79,47 @@ __device__ void RmsRow(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bflo
 }
 
 __global__ void Empty() {}
+
+// One row of kCols in registers: all loads first (one round trip), then the
+// statistics and the output.
+constexpr int kCols = 4096;
+constexpr int kVecs = kCols / 8 / kThreads;  // 16-byte vectors of x (and of w) a thread
+__device__ void RmsRowRegs(const uint4* x, const uint4* w, uint4* y) {
+  uint4 v[kVecs], g[kVecs];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    v[i] = x[threadIdx.x + i * kThreads];
+    g[i] = w[threadIdx.x + i * kThreads];
+  }
+  float ss = 0;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[i]);
+    for (int k = 0; k < 8; ++k) ss += __bfloat162float(h[k]) * __bfloat162float(h[k]);
+  }
+  const float inv = rsqrtf(BlockSum(ss) / kCols + 1e-5f);
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[i]);
+    const __nv_bfloat16* gh = reinterpret_cast<const __nv_bfloat16*>(&g[i]);
+    uint4 o;
+    __nv_bfloat16* oh = reinterpret_cast<__nv_bfloat16*>(&o);
+    for (int k = 0; k < 8; ++k) oh[k] = __float2bfloat16(__bfloat162float(h[k]) * inv * __bfloat162float(gh[k]));
+    y[threadIdx.x + i * kThreads] = o;
+  }
+}
+
+__global__ void RmsRegsKernel(const uint4* x, const uint4* w, uint4* y) { RmsRowRegs(x, w, y); }
+
+// x then w, as the launch's parameters.
+struct RowParams {
+  uint4 xw[2 * kCols / 8];
+};
+static_assert(sizeof(RowParams) <= 32764, "CUDA 12.1's parameter limit");
+__global__ void RmsParamKernel(const __grid_constant__ RowParams p, uint4* y) { RmsRowRegs(p.xw, p.xw + kCols / 8, y); }
+__global__ void CopyParamKernel(const __grid_constant__ RowParams p, uint4* dst) {
+  for (int i = threadIdx.x; i < 2 * kCols / 8; i += kThreads) dst[i] = p.xw[i];
+}
 
 __global__ void RmsKernel(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, int cols,
                           volatile unsigned* flag, unsigned seq) {
@@ -165,6 +222,12 @@ int main(int argc, char** argv) {
     std::printf("%-14s %8.1f %8.1f %8.1f\n", name, s.p50, s.p99, s.min);
   };
 
+  // Host-side driver calls a launch path makes (no GPU work).
+  report("setdevice", fusedserve::bench::TimeHostUs(iters, 200, [&](int) { BENCH_CHECK(cudaSetDevice(0)); }));
+  report("getdevice", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
+           int d = -1;
+           BENCH_CHECK(cudaGetDevice(&d));
+         }));
   report("launch+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
            Empty<<<1, 32, 0, st>>>();
            SpinQuery(st);
@@ -206,6 +269,111 @@ int main(int argc, char** argv) {
            std::memcpy(output.data(), hy, row);
          }));
   check("copy+query", hy);
+
+  if (cols == kCols) {
+    const uint4* ux = reinterpret_cast<const uint4*>(dx);
+    const uint4* uw = reinterpret_cast<const uint4*>(dw);
+    uint4* uy = reinterpret_cast<uint4*>(dy);
+    poison();
+    report("zc1+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
+             std::memcpy(host, input.data(), 2 * row);
+             RmsRegsKernel<<<1, kThreads, 0, st>>>(ux, uw, uy);
+             SpinQuery(st);
+             std::memcpy(output.data(), hy, row);
+           }));
+    check("zc1+query", hy);
+
+    // The driver's stream memory op, through the runtime's entry point lookup (no -lcuda).
+    using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    WriteValue32 write_value = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess && fn != nullptr) {
+      write_value = reinterpret_cast<WriteValue32>(fn);
+      poison();
+      flags[0] = 0;
+      const CUdeviceptr dflag = reinterpret_cast<CUdeviceptr>(dflags);
+      bool ok = true;
+      report("zc1+memop", fusedserve::bench::TimeHostUs(iters, 200, [&](int i) {
+               const unsigned s = static_cast<unsigned>(i) + 1;
+               std::memcpy(host, input.data(), 2 * row);
+               RmsRegsKernel<<<1, kThreads, 0, st>>>(ux, uw, uy);
+               if (write_value(st, dflag, s, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+                 ok = false;
+                 return;
+               }
+               while (flags[0] != s) {
+               }
+               std::atomic_thread_fence(std::memory_order_acquire);
+               std::memcpy(output.data(), hy, row);
+             }));
+      if (!ok) std::printf("zc1+memop: cuStreamWriteValue32 failed\n");
+      BENCH_CHECK(cudaStreamSynchronize(st));
+      check("zc1+memop", hy);
+      flags[0] = 0;
+    } else {
+      cudaGetLastError();
+      std::printf("zc1+memop: cuStreamWriteValue32 not found\n");
+    }
+
+    fusedserve::cuda::NormParams np;
+    np.kind = fusedserve::cuda::NormKind::kRms;
+    np.dtype = fusedserve::DType::kBF16;
+    np.x = dx;
+    np.weight = dw;
+    np.y = dy;
+    np.rows = 1;
+    np.hidden = cols;
+    const fusedserve::cuda::NormConfig nc = fusedserve::cuda::DefaultNormConfig(np.dtype, 1, cols);
+    poison();
+    report("norm+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
+             std::memcpy(host, input.data(), 2 * row);
+             if (!fusedserve::cuda::LaunchNorm(np, nc, st).ok()) std::exit(1);
+             SpinQuery(st);
+             std::memcpy(output.data(), hy, row);
+           }));
+    check("norm+query", hy);
+    if (write_value != nullptr) {
+      poison();
+      flags[0] = 0;
+      const CUdeviceptr dflag = reinterpret_cast<CUdeviceptr>(dflags);
+      report("norm+memop", fusedserve::bench::TimeHostUs(iters, 200, [&](int i) {
+               const unsigned s = static_cast<unsigned>(i) + 1;
+               std::memcpy(host, input.data(), 2 * row);
+               if (!fusedserve::cuda::LaunchNorm(np, nc, st).ok()) std::exit(1);
+               if (write_value(st, dflag, s, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) std::exit(1);
+               while (flags[0] != s) {
+               }
+               std::atomic_thread_fence(std::memory_order_acquire);
+               std::memcpy(output.data(), hy, row);
+             }));
+      BENCH_CHECK(cudaStreamSynchronize(st));
+      check("norm+memop", hy);
+      flags[0] = 0;
+    }
+
+    static RowParams params;  // 16 KiB: not on the stack
+    poison();
+    report("param+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
+             std::memcpy(&params, input.data(), 2 * row);
+             RmsParamKernel<<<1, kThreads, 0, st>>>(params, uy);
+             SpinQuery(st);
+             std::memcpy(output.data(), hy, row);
+           }));
+    check("param+query", hy);
+    poison();
+    const uint4* dev_x = reinterpret_cast<const uint4*>(dev);
+    report("param-copy+q", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
+             std::memcpy(&params, input.data(), 2 * row);
+             CopyParamKernel<<<1, kThreads, 0, st>>>(params, reinterpret_cast<uint4*>(dev));
+             RmsRegsKernel<<<1, kThreads, 0, st>>>(dev_x, dev_x + kCols / 8, uy);
+             SpinQuery(st);
+             std::memcpy(output.data(), hy, row);
+           }));
+    check("param-copy+q", hy);
+  }
 
   // Resident kernel: doorbell flags[0], done flags[1].
   poison();

@@ -1,0 +1,160 @@
+// What a FusedOp round trip costs on the host outside gRPC and the kernel:
+// each stage of the hot path on its own, nanoseconds per call (median of 9
+// runs of `iters` calls), for the load generator's message (rms_norm bf16
+// [1,4096] unless --op/--shape say otherwise). The stages are those of the
+// async server's path: parse the body from gRPC's slices, validate it into an
+// OpRequest, build the scheduler's task, the backend-independent part of a
+// launch (output shapes, tuning key), build the result, encode it, record
+// the stage histograms, read the clock. No GPU needed.
+//   fused_op_host_bench [--op=rms_norm] [--shape=1,4096] [--iters=20000]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "kernels/backend.h"
+#include "server/fused_op_wire.h"
+#include "server/scheduler.h"
+#include "server/validation.h"
+#include "telemetry/metrics.h"
+#include "warmup/tuning_cache.h"
+
+ABSL_FLAG(std::string, op, "rms_norm", "op");
+ABSL_FLAG(std::string, shape, "1,4096", "its tuning key (e.g. M,H)");
+ABSL_FLAG(int, iters, 20000, "calls per run");
+
+namespace fusedserve {
+namespace {
+
+// Median ns per call of fn over 9 runs.
+double NsPerCall(int iters, const std::function<void()>& fn) {
+  std::vector<double> runs;
+  for (int r = 0; r < 9; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    runs.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / iters);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+int Main() {
+  std::vector<int64_t> key;
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_shape), ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(d, &v)) {
+      std::fprintf(stderr, "bad --shape\n");
+      return 2;
+    }
+    key.push_back(v);
+  }
+  const std::string op = absl::GetFlag(FLAGS_op);
+  const int iters = absl::GetFlag(FLAGS_iters);
+  const OpRequest sample = MakeRandomRequest(op, DType::kBF16, key, 1);
+  std::string bytes;
+  if (!OpRequestToProto(sample).SerializeToString(&bytes)) return 1;
+  grpc::Slice slice(bytes.data(), bytes.size());
+  const grpc::ByteBuffer body(&slice, 1);
+  const ValidationLimits limits;
+
+  WireFusedOp wire;
+  if (!ParseFusedOpWire(body, &wire) || !ValidateWireFusedOp(wire, limits).ok()) {
+    std::fprintf(stderr, "the sample does not decode\n");
+    return 1;
+  }
+  ParseFusedOpWire(body, &wire);
+  const OpRequest request = *ValidateWireFusedOp(wire, limits);
+  // The result a launch returns: the outputs at their shapes.
+  TensorMap outputs;
+  for (const auto& [name, shape] : OutputShapes(request)) {
+    HostTensor t;
+    t.dtype = DType::kBF16;
+    t.shape = shape;
+    t.data.assign(t.numel() * DTypeSize(t.dtype), '\x11');
+    outputs[name] = std::move(t);
+  }
+  Metrics metrics;
+
+  std::printf("# %s bf16 key %s: %zu request bytes; ns per call, median of 9 runs of %d\n", op.c_str(),
+              absl::GetFlag(FLAGS_shape).c_str(), bytes.size(), iters);
+  std::printf("%-28s %10s\n", "stage", "ns");
+  double total = 0;
+  auto row = [&](const char* name, double ns) {
+    total += ns;
+    std::printf("%-28s %10.0f\n", name, ns);
+  };
+  const double parse = NsPerCall(iters, [&] { ParseFusedOpWire(body, &wire); });
+  row("parse (slices -> wire)", parse);
+  row("validate (wire -> request)", NsPerCall(iters, [&] {
+                                      ParseFusedOpWire(body, &wire);
+                                      absl::StatusOr<OpRequest> r = ValidateWireFusedOp(wire, limits);
+                                    }) - parse);
+  OpRequest copy = request;
+  row("task (request moved in)", NsPerCall(iters, [&] {
+        OpTask task;
+        task.request = std::move(copy);
+        task.enqueued = absl::Now();
+        task.interrupted = [&copy]() { return absl::OkStatus(); };
+        task.done = [&copy](absl::StatusOr<TensorMap>) {};
+        copy = std::move(task.request);
+      }));
+  row("output shapes + dtype", NsPerCall(iters, [&] {
+        OutputShapeList l = OutputShapes(request);
+        DType d = RequestDType(request);
+        (void)d;
+      }));
+  row("tuning key", NsPerCall(iters, [&] { std::vector<int64_t> k = TuningKey(request); }));
+  // The tuned-config lookup a launch makes (a cache of 64 entries, this one among them).
+  std::unique_ptr<TuningCache> cache = TuningCache::Open("", CacheStamp{});
+  for (int i = 0; i < 64; ++i) {
+    TuningEntry e;
+    e.op = op;
+    e.dtype = DType::kBF16;
+    e.key = key;
+    e.key.back() += i;
+    e.config = "threads=256,vecs=2";
+    cache->Put(e);
+  }
+  row("tuned config lookup",
+      NsPerCall(iters, [&] { std::string c = cache->LookupConfig(op, DType::kBF16, TuningKey(request)); }));
+  grpc::ByteBuffer response;
+  row("result + encode + release", NsPerCall(iters, [&] {
+        TensorMap result = outputs;  // the backend's result, handed over
+        EncodeFusedOpWire(std::move(result), "cuda", &response);
+        response.Clear();  // gRPC done with it
+      }));
+  row("8 stage observations", NsPerCall(iters, [&] {
+        for (int s = 0; s < Metrics::kStages; ++s) metrics.RecordStage(static_cast<Metrics::Stage>(s), 1e-5);
+      }));
+  row("request metric", NsPerCall(iters, [&] { metrics.RecordRequest("FusedOp", op, "OK", 1e-4); }));
+  row("10 x absl::Now()", NsPerCall(iters, [&] {
+        for (int i = 0; i < 10; ++i) {
+          absl::Time t = absl::Now();
+          (void)t;
+        }
+      }));
+  std::printf("%-28s %10.0f\n", "sum", total);
+  std::printf("%-28s %10.0f  (not in the sum)\n", "10 x steady_clock::now()", NsPerCall(iters, [&] {
+                for (int i = 0; i < 10; ++i) {
+                  auto t = std::chrono::steady_clock::now();
+                  (void)t;
+                }
+              }));
+  return 0;
+}
+
+}  // namespace
+}  // namespace fusedserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return fusedserve::Main();
+}

@@ -109,6 +109,31 @@ TEST(CudaBackend, ZeroCopyLimitBothSides) {
   }
 }
 
+// The completion wait: a lane's stream writes a new sequence number into the
+// lane's completion word after each launch, and the caller reads the outputs
+// once the word holds it. Back-to-back small calls on one lane, each with
+// fresh inputs, alternating zero-copy and copy-path launches: every answer is
+// that call's own (a wait that returned on an earlier call's number would
+// hand back the previous outputs, or half-written ones).
+TEST(CudaBackend, BackToBackCallsEachWaitForTheirOwnLaunch) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeCudaBackend(0, {});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  for (uint64_t i = 0; i < 200; ++i) {
+    const Case c = i % 10 == 9   ? Case{"rms_norm", {96, 4096}}
+                   : i % 10 == 4 ? Case{"linear", {3, 256, 128}}
+                                 : Case{"rms_norm", {1, 4096}};
+    SCOPED_TRACE(c.op + " call " + std::to_string(i));
+    OpRequest r = MakeRandomRequest(c.op, DType::kBF16, c.key, 9000 + i);
+    absl::StatusOr<TensorMap> got = (*gpu)->Run(r);
+    absl::StatusOr<TensorMap> want = cpu->Run(r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(want.ok()) << want.status();
+    ExpectSameOutputs(*got, *want, DType::kBF16);
+  }
+}
+
 // With several lanes, threads that call at once each get their own answer:
 // small memory-bound ops on any lane (zero-copy), GEMMs, attention and a
 // row-wise op above 1 MiB (through copies) on lane 0 beside them; every

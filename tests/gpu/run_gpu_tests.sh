@@ -37,6 +37,12 @@ if [ -x "$b/bin/gemv_fused_test" ]; then
   FUSEDSERVE_SKINNY_HOPPER_DOWN=0 timeout 300 "$b/bin/gemv_fused_test" > "$out/gemv_fused_test.register.log" 2>&1
   summary "gemv_fused_test (register kernels)" "$out/gemv_fused_test.register.log" $?
 fi
+# The backend's completion wait on cudaStreamQuery (the fallback where the
+# stream cannot write the lane's completion word), once more with it forced.
+if [ -x "$b/bin/cuda_backend_test" ]; then
+  FUSEDSERVE_WAIT_FLAG=0 timeout 300 "$b/bin/cuda_backend_test" > "$out/cuda_backend_test.query.log" 2>&1
+  summary "cuda_backend_test (stream-query wait)" "$out/cuda_backend_test.query.log" $?
+fi
 # The real server on the CUDA backend, many callers at once (small ops on its
 # lanes, side by side), when the bundle has the server and that test.
 if [ -x "$b/bin/fusedserve" ] && [ -x "$b/bin/fused_op_path_test" ]; then

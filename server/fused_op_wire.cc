@@ -5,6 +5,7 @@
 // is {key = 1, value = 2}.
 #include "server/fused_op_wire.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -306,6 +307,10 @@ size_t TensorSize(const HostTensor& t) {
   return n;
 }
 
+// Tensors of at least this many bytes are lent to gRPC rather than copied
+// into the response (below it a copy costs less than the slice's upkeep).
+constexpr size_t kLendBytes = 1024;
+
 size_t EntrySize(const std::string& name, const HostTensor& t) {
   const size_t tensor = TensorSize(t);
   return 1 + VarintSize(name.size()) + name.size() + 1 + VarintSize(tensor) + tensor;
@@ -392,16 +397,40 @@ absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& p, const ValidationLi
   return r;
 }
 
-void EncodeFusedOpWire(const TensorMap& outputs, const std::string& backend, grpc::ByteBuffer* out) {
-  size_t size = 0;
+void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::ByteBuffer* out) {
+  // Framing bytes (keys, shapes, lengths) go into one slice; the bytes of
+  // each large tensor are not copied but lent to gRPC as a slice of their
+  // own, backed by `outputs` until gRPC has written the last of them.
+  size_t framing = 0;
+  int lent = 0;
   for (const auto& [name, t] : outputs) {
     const size_t entry = EntrySize(name, t);
-    size += 1 + VarintSize(entry) + entry;
+    framing += 1 + VarintSize(entry) + entry;
+    if (t.data.size() >= kLendBytes) {
+      framing -= t.data.size();
+      ++lent;
+    }
   }
-  if (!backend.empty()) size += 1 + VarintSize(backend.size()) + backend.size();
-  grpc::Slice slice(size);
-  uint8_t* p = const_cast<uint8_t*>(slice.begin());
-  for (const auto& [name, t] : outputs) {
+  if (!backend.empty()) framing += 1 + VarintSize(backend.size()) + backend.size();
+  struct Lent {
+    TensorMap outputs;
+    std::atomic<int> slices;
+  };
+  Lent* owner = nullptr;
+  if (lent > 0) owner = new Lent{std::move(outputs), {lent}};
+  const TensorMap& outs = owner != nullptr ? owner->outputs : outputs;
+
+  grpc::Slice head(framing);
+  uint8_t* const begin = const_cast<uint8_t*>(head.begin());
+  uint8_t* p = begin;
+  std::vector<grpc::Slice> slices;  // framing pieces and lent tensors, in order
+  slices.reserve(2 * static_cast<size_t>(lent) + 1);
+  uint8_t* piece = begin;  // start of the framing not yet in `slices`
+  auto cut = [&] {         // the framing written since `piece`, as a sub-slice of `head`
+    if (p > piece) slices.push_back(head.sub(static_cast<size_t>(piece - begin), static_cast<size_t>(p - begin)));
+    piece = p;
+  };
+  for (const auto& [name, t] : outs) {
     *p++ = 0x0a;  // outputs (1, LEN): an entry
     p = PutVarint(p, EntrySize(name, t));
     p = PutBytes(p, 0x0a, name.data(), name.size());  // key
@@ -417,10 +446,30 @@ void EncodeFusedOpWire(const TensorMap& outputs, const std::string& backend, grp
       p = PutVarint(p, ShapeBytes(t));
       for (int64_t d : t.shape) p = PutVarint(p, static_cast<uint64_t>(d));
     }
-    if (!t.data.empty()) p = PutBytes(p, 0x1a, t.data.data(), t.data.size());
+    if (t.data.size() >= kLendBytes) {
+      *p++ = 0x1a;
+      p = PutVarint(p, t.data.size());
+      cut();
+      slices.emplace_back(grpc_slice_new_with_user_data(
+                              const_cast<char*>(t.data.data()), t.data.size(),
+                              [](void* o) {
+                                Lent* l = static_cast<Lent*>(o);
+                                if (l->slices.fetch_sub(1) == 1) delete l;
+                              },
+                              owner),
+                          grpc::Slice::STEAL_REF);
+    } else if (!t.data.empty()) {
+      p = PutBytes(p, 0x1a, t.data.data(), t.data.size());
+    }
   }
   if (!backend.empty()) p = PutBytes(p, 0x12, backend.data(), backend.size());
-  grpc::ByteBuffer buffer(&slice, 1);
+  if (lent == 0) {
+    grpc::ByteBuffer buffer(&head, 1);
+    out->Swap(&buffer);
+    return;
+  }
+  cut();
+  grpc::ByteBuffer buffer(slices.data(), slices.size());
   out->Swap(&buffer);
 }
 

@@ -1,9 +1,9 @@
 // FusedOp's wire codec: the request body (the protobuf wire format of a
 // fusedserve.v1.FusedOpRequest) decoded straight from gRPC's slices into an
-// OpRequest, and the response encoded straight from the output tensors into
-// one slice, with no protobuf message in between: each tensor's bytes are
-// copied once on the way in (slices -> the tensor's buffer) and once on the
-// way out (the output buffer -> the response slice).
+// OpRequest, and the response encoded straight from the output tensors, with
+// no protobuf message in between: each tensor's bytes are copied once on the
+// way in (slices -> the tensor's buffer) and not at all on the way out (a
+// large output tensor's buffer is lent to gRPC as a slice of the response).
 //
 // The decoder takes the common shape of a body and leaves the rest to
 // protobuf (the reference): a string that is not plain ASCII (protobuf checks
@@ -49,7 +49,9 @@ bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out);
 // TakeValidatedFusedOp on a parsed request (its tensors' bytes are moved).
 absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& parsed, const ValidationLimits& limits);
 
-// Serializes a FusedOpResponse {outputs, backend} into `out` (one slice).
-void EncodeFusedOpWire(const TensorMap& outputs, const std::string& backend, grpc::ByteBuffer* out);
+// Serializes a FusedOpResponse {outputs, backend} into `out`: one slice, or,
+// when an output holds 1 KiB or more, framing slices with each such tensor's
+// bytes between them as a slice that keeps `outputs` alive.
+void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::ByteBuffer* out);
 
 }  // namespace fusedserve

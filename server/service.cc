@@ -527,7 +527,7 @@ OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContext
 absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response) {
   const absl::Time start = absl::Now();
   if (options_.wire_codec) {
-    EncodeFusedOpWire(outputs, backend_->name(), raw_response);
+    EncodeFusedOpWire(std::move(outputs), backend_->name(), raw_response);
     metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(absl::Now() - start));
     return absl::OkStatus();
   }

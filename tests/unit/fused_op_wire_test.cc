@@ -214,34 +214,66 @@ TEST(FusedOpWire, LeavesToProtobufWhatItDoesNotTake) {
   EXPECT_TRUE(ByWire(bytes).has_value());
 }
 
-TEST(FusedOpWire, ResponseParsesBackToTheMessageProtobufWouldWrite) {
-  TensorMap outputs;
-  const OpRequest r = MakeRandomRequest("add_rms_norm", DType::kBF16, {3, 300}, 9);
-  outputs["y"] = r.in("x");
-  outputs["residual_out"] = r.in("residual");
-  outputs["scalar"] = HostTensor{DType::kF32, {}, std::string(4, '\2')};
-  grpc::ByteBuffer out;
-  EncodeFusedOpWire(outputs, "cpu", &out);
+// The response's bytes, whatever its slicing.
+std::string Flatten(const grpc::ByteBuffer& b) {
   std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(out.Dump(&slices).ok());
-  ASSERT_EQ(slices.size(), 1u);
-  v1::FusedOpResponse got;
-  ASSERT_TRUE(got.ParseFromArray(slices[0].begin(), static_cast<int>(slices[0].size())));
-  v1::FusedOpResponse want;
-  for (const auto& [name, t] : outputs) TensorToProto(t, &(*want.mutable_outputs())[name]);
-  want.set_backend("cpu");
-  EXPECT_EQ(got.ByteSizeLong(), want.ByteSizeLong());
-  EXPECT_EQ(slices[0].size(), want.ByteSizeLong());
-  std::string a, b;
-  got.SerializeToString(&a);
-  want.SerializeToString(&b);
-  // Map order aside, the same message.
-  ASSERT_EQ(got.outputs_size(), want.outputs_size());
-  for (const auto& [name, t] : want.outputs()) {
-    ASSERT_TRUE(got.outputs().count(name)) << name;
-    EXPECT_EQ(got.outputs().at(name).SerializeAsString(), t.SerializeAsString()) << name;
+  EXPECT_TRUE(b.Dump(&slices).ok());
+  std::string s;
+  for (const grpc::Slice& x : slices) s.append(reinterpret_cast<const char*>(x.begin()), x.size());
+  return s;
+}
+
+TEST(FusedOpWire, ResponseParsesBackToTheMessageProtobufWouldWrite) {
+  const OpRequest r = MakeRandomRequest("add_rms_norm", DType::kBF16, {3, 300}, 9);
+  // Large tensors (y, residual_out: 1800 bytes each) are lent to gRPC as
+  // slices of their own, small ones (scalar, small) copied into the framing.
+  for (const bool large : {true, false}) {
+    TensorMap outputs;
+    if (large) {
+      outputs["y"] = r.in("x");
+      outputs["residual_out"] = r.in("residual");
+    }
+    outputs["scalar"] = HostTensor{DType::kF32, {}, std::string(4, '\2')};
+    outputs["small"] = HostTensor{DType::kBF16, {3, 5}, std::string(30, '\7')};
+    grpc::ByteBuffer out;
+    EncodeFusedOpWire(outputs, "cpu", &out);
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(out.Dump(&slices).ok());
+    // Framing, y's bytes, framing, residual_out's bytes, framing (map order).
+    EXPECT_EQ(slices.size(), large ? 5u : 1u);
+    const std::string bytes = Flatten(out);
+    v1::FusedOpResponse got;
+    ASSERT_TRUE(got.ParseFromString(bytes));
+    v1::FusedOpResponse want;
+    for (const auto& [name, t] : outputs) TensorToProto(t, &(*want.mutable_outputs())[name]);
+    want.set_backend("cpu");
+    EXPECT_EQ(got.ByteSizeLong(), want.ByteSizeLong());
+    EXPECT_EQ(bytes.size(), want.ByteSizeLong());
+    // Map order aside, the same message.
+    ASSERT_EQ(got.outputs_size(), want.outputs_size());
+    for (const auto& [name, t] : want.outputs()) {
+      ASSERT_TRUE(got.outputs().count(name)) << name;
+      EXPECT_EQ(got.outputs().at(name).SerializeAsString(), t.SerializeAsString()) << name;
+    }
+    EXPECT_EQ(got.backend(), "cpu");
   }
-  EXPECT_EQ(got.backend(), "cpu");
+}
+
+TEST(FusedOpWire, LentOutputsOutliveTheirMapUntilTheResponseIsGone) {
+  grpc::ByteBuffer out;
+  std::string expect;
+  {
+    TensorMap outputs;
+    outputs["y"] = HostTensor{DType::kF32, {1024}, std::string(4096, '\x5a')};
+    expect = outputs["y"].data;
+    EncodeFusedOpWire(std::move(outputs), "cuda", &out);
+  }
+  // A copy shares the slices; the first buffer goes, the copy still reads them.
+  grpc::ByteBuffer copy(out);
+  out.Clear();
+  v1::FusedOpResponse got;
+  ASSERT_TRUE(got.ParseFromString(Flatten(copy)));
+  EXPECT_EQ(got.outputs().at("y").data(), expect);
 }
 
 // The decode's heap allocations for rms_norm bf16 [1,4096] (the benchmark's

@@ -434,6 +434,7 @@ void TuningCache::Reopen(CacheStamp stamp) {
     absl::MutexLock l(&mu_);
     stamp_ = std::move(stamp);
     entries_.clear();
+    Changed();
     dirty_.clear();
     rejected_.clear();
     writable_ = true;
@@ -501,6 +502,7 @@ void TuningCache::Load() {
         const std::string id = EntryId(e.op, e.dtype, e.key);
         entries_[id] = std::move(e);
       }
+      Changed();
       if (parsed.has_ours || parsed.others.empty()) {
         state_ = "loaded";
         notices_.push_back(
@@ -547,17 +549,43 @@ CacheStamp TuningCache::stamp() const {
 std::optional<TuningEntry> TuningCache::Find(const std::string& op, DType dtype,
                                              const std::vector<int64_t>& bucketed) const {
   const std::string id = EntryId(op, dtype, bucketed);
-  absl::MutexLock l(&mu_);
+  absl::ReaderMutexLock l(&mu_);  // every launch looks up: lanes read side by side
   auto it = entries_.find(id);
   if (it == entries_.end()) return std::nullopt;
   return it->second;
 }
 
 std::string TuningCache::LookupConfig(const std::string& op, DType dtype, const std::vector<int64_t>& key) const {
+  // Every launch looks up its config, and a thread's launches mostly repeat
+  // the same op and shape: each thread keeps its last answer, for this cache
+  // as it was then (its id and version), and checks it first. The version is
+  // read before the lookup, so a change during it only costs a recompute.
+  struct Memo {
+    uint64_t cache = 0, version = 0;
+    std::string op;
+    DType dtype = DType::kF32;
+    std::vector<int64_t> key;
+    std::string config;
+  };
+  static thread_local Memo memo;
+  const uint64_t version = version_.load(std::memory_order_acquire);
+  if (memo.cache == id_ && memo.version == version && memo.dtype == dtype && memo.op == op && memo.key == key) {
+    return memo.config;
+  }
   const std::string id = EntryId(op, dtype, BucketKey(op, key));
-  absl::MutexLock l(&mu_);
-  auto it = entries_.find(id);
-  return it == entries_.end() ? std::string() : it->second.config;
+  std::string config;
+  {
+    absl::ReaderMutexLock l(&mu_);  // lanes look up side by side
+    auto it = entries_.find(id);
+    if (it != entries_.end()) config = it->second.config;
+  }
+  memo.cache = id_;
+  memo.version = version;
+  memo.op = op;
+  memo.dtype = dtype;
+  memo.key = key;
+  memo.config = config;
+  return config;
 }
 
 void TuningCache::Put(TuningEntry entry) {
@@ -565,6 +593,7 @@ void TuningCache::Put(TuningEntry entry) {
   const std::string id = EntryId(entry.op, entry.dtype, entry.key);
   absl::MutexLock l(&mu_);
   entries_[id] = std::move(entry);
+  Changed();
   dirty_[id] = ++generation_;
 }
 
@@ -572,6 +601,7 @@ void TuningCache::Forget(const std::string& op, DType dtype, const std::vector<i
   const std::string id = EntryId(op, dtype, bucketed);
   absl::MutexLock l(&mu_);
   entries_.erase(id);
+  Changed();
   dirty_.erase(id);
 }
 
@@ -666,6 +696,7 @@ bool TuningCache::Flush() {
   for (auto& [id, e] : merged) {
     if (dirty_.count(id) == 0) entries_[id] = std::move(e);
   }
+  Changed();
   for (const auto& [id, gen] : dirty) {
     auto it = dirty_.find(id);
     if (it != dirty_.end() && it->second == gen) dirty_.erase(it);
@@ -692,6 +723,7 @@ void TuningCache::Refresh() {
     const std::string id = EntryId(e.op, e.dtype, e.key);
     if (dirty_.count(id) == 0) entries_[id] = std::move(e);
   }
+  Changed();
 }
 
 std::vector<std::string> TuningCache::TakeNotices() {

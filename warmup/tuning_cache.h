@@ -42,6 +42,7 @@
 // path never blocks start-up.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -155,6 +156,14 @@ class TuningCache {
   const std::string path_;
   absl::Mutex io_mu_;  // serialises file I/O of this object (held while mu_ is taken, never the reverse)
   mutable absl::Mutex mu_;
+  // Bumped on every change of entries_ (under mu_): LookupConfig's per-thread memo.
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { version_.fetch_add(1, std::memory_order_release); }
+  std::atomic<uint64_t> version_{1};
+  const uint64_t id_ = NextCacheId();  // this object's, never reused (memo keys)
+  static uint64_t NextCacheId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
   CacheStamp stamp_ ABSL_GUARDED_BY(mu_);
   std::string state_ ABSL_GUARDED_BY(mu_) = "created";
   bool writable_ ABSL_GUARDED_BY(mu_) = true;

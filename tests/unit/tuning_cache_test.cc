@@ -267,6 +267,34 @@ TEST(TuningCache, RoundTripAndLookup) {
   }
 }
 
+// A thread's repeated lookups are answered from its memo of the last one;
+// every change of the cache (Put, Forget, Reopen) and another cache object at
+// the same key invalidate it.
+TEST(TuningCache, RepeatedLookupsSeeEveryChange) {
+  std::unique_ptr<TuningCache> c = TuningCache::Open("", Stamp());
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {4, 128}), "");
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {4, 128}), "");
+  c->Put(Entry("gelu", {4, 128}, "v8"));
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {4, 128}), "v8");
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "v8");  // same bucket, another key
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kF16, {3, 128}), "");
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "v8");
+  c->Put(Entry("gelu", {4, 128}, "v4"));
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "v4");
+  c->Forget("gelu", DType::kBF16, {4, 128});
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "");
+  c->Put(Entry("gelu", {4, 128}, "v2"));
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "v2");
+  c->Reopen(Stamp());
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "");
+  // Another cache, same question: its own answer, not this one's memo.
+  c->Put(Entry("gelu", {4, 128}, "v8"));
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "v8");
+  std::unique_ptr<TuningCache> other = TuningCache::Open("", Stamp());
+  EXPECT_EQ(other->LookupConfig("gelu", DType::kBF16, {3, 128}), "");
+  EXPECT_EQ(c->LookupConfig("gelu", DType::kBF16, {3, 128}), "v8");
+}
+
 TEST(TuningCache, FlushWithNothingNewWritesNothing) {
   const std::string dir = MakeTempDir();
   std::unique_ptr<TuningCache> c = TuningCache::Open(dir + "/cache.json", Stamp());

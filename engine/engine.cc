@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/clock.h"
 #include "telemetry/log.h"
 
 namespace fusedserve {
@@ -337,7 +338,7 @@ void Engine::Loop() {
 }
 
 void Engine::Step() {
-  DropStopped(absl::Now());
+  DropStopped(FastNow());
   ReserveNextPositions();
   // A piece of the current TransformerBlock call, like a running prompt's
   // next chunk: at most a chunk, from the budget the decodes leave (at least
@@ -503,9 +504,9 @@ void Engine::ForwardAndSample(int64_t left) {
   }
   if (batch.empty()) return;
   ForwardOutput out;
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   const absl::Status forwarded = runner_->Forward(batch, &out);
-  const absl::Time t = absl::Now();
+  const absl::Time t = FastNow();
   if (metrics_ != nullptr) {
     metrics_->engine_forward().Observe(absl::ToDoubleSeconds(t - start));
     if (forward_end_ != absl::InfinitePast())

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "engine/block_allocator.h"
 #include "engine/sampler.h"
+#include "kernels/clock.h"
 #include "model/runner.h"
 #include "telemetry/metrics.h"
 
@@ -117,7 +118,7 @@ struct GenerationRequest {
   // >= 0: compute each token's log-probability and this many alternatives
   // (the runner then returns the logits row, as for sampling); -1: none.
   int top_logprobs = -1;
-  absl::Time arrival = absl::Now();
+  absl::Time arrival = FastNow();
   absl::Time deadline = absl::InfiniteFuture();
 };
 

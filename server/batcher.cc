@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/clock.h"
 
 namespace fusedserve {
 namespace {
@@ -321,7 +322,7 @@ class Batcher : public OpScheduler {
       kq.batchable = shape.has_value();
       kq.policy = &policy;
     }
-    kq.last_arrival = absl::Now();
+    kq.last_arrival = FastNow();
     kq.rows += rows;
     kq.q.push_back(std::move(pending));
     ++queued_;
@@ -366,7 +367,7 @@ class Batcher : public OpScheduler {
     prctl(PR_SET_NAME, "fs-batch", 0, 0, 0);
     mu_.Lock();
     for (;;) {
-      const absl::Time now = absl::Now();
+      const absl::Time now = FastNow();
       absl::Time wake = absl::InfiniteFuture();
       auto pick = queues_.end();
       for (auto it = queues_.begin(); it != queues_.end(); ++it) {
@@ -471,10 +472,10 @@ class Batcher : public OpScheduler {
 
   // One request run alone.
   void RunAlone(OpTask* t, bool* counted, bool lane = false) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     std::vector<absl::Status> stopped;
     absl::StatusOr<TensorMap> one = RunBackend(t->request, {t}, &stopped, counted, lane);
-    metrics_->RecordKernel(t->request.op, absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->RecordKernel(t->request.op, absl::ToDoubleSeconds(FastNow() - start));
     metrics_->RecordBatch(t->request.op, 1);
     AnswerGroupScope scope({t});
     t->done(std::move(one));
@@ -482,7 +483,7 @@ class Batcher : public OpScheduler {
 
   // `lane`: a lone inline request on a lane of its own (see Release).
   void Launch(std::vector<Pending> batch, bool lane = false) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     bool counted = true;
     const std::string op = batch.front().task.request.op;
     std::vector<OpTask*> run;
@@ -528,7 +529,7 @@ class Batcher : public OpScheduler {
     OpRequest merged = MergeRequests(parts);
     std::vector<absl::Status> stopped;
     absl::StatusOr<TensorMap> result = RunBackend(merged, tasks, &stopped, &counted);
-    metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->RecordKernel(op, absl::ToDoubleSeconds(FastNow() - start));
     if (!stopped.empty()) {  // every part was cancelled or expired: each gets its own reason
       AnswerGroupScope scope(run);
       for (size_t i = 0; i < run.size(); ++i) run[i]->done(stopped[i]);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/clock.h"
 #include "server/scheduler.h"
 
 namespace fusedserve {
@@ -39,7 +40,7 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
   stopped->clear();
   // Stop only when no task still wants the answer (a merged launch serves all).
   auto stop = [&tasks, stopped]() -> absl::Status {
-    const absl::Time now = absl::Now();
+    const absl::Time now = FastNow();
     std::vector<absl::Status> each;
     for (const OpTask* t : tasks) {
       absl::Status s = CheckRunnable(*t, now);
@@ -51,10 +52,10 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
   };
   BackendStageTimes& times = ThisThreadStageTimes();
   times = BackendStageTimes();
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   try {
     absl::StatusOr<TensorMap> result = backend.Run(request, stop);
-    if (!times.valid) times = {true, 0, absl::ToDoubleSeconds(absl::Now() - start), 0};
+    if (!times.valid) times = {true, 0, absl::ToDoubleSeconds(FastNow() - start), 0};
     if (result.ok()) stopped->clear();
     return result;
   } catch (const std::bad_alloc&) {
@@ -170,7 +171,7 @@ class DirectScheduler : public OpScheduler {
 
   void Execute(OpTask& task) {
     const std::string& op = task.request.op;
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     metrics_->RecordQueue(op, absl::ToDoubleSeconds(start - task.enqueued));
     if (absl::Status s = CheckRunnable(task, start); !s.ok()) {
       task.done(s);
@@ -179,7 +180,7 @@ class DirectScheduler : public OpScheduler {
     std::vector<absl::Status> stopped;
     absl::StatusOr<TensorMap> result = RunOnBackend(*backend_, task.request, {&task}, &stopped);
     RecordLaunchStages(*metrics_);
-    metrics_->RecordKernel(op, absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->RecordKernel(op, absl::ToDoubleSeconds(FastNow() - start));
     metrics_->RecordBatch(op, 1);
     task.done(std::move(result));
   }

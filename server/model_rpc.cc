@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "kernels/clock.h"
 #include "server/grpc_status.h"
 #include "telemetry/log.h"
 
@@ -228,9 +229,9 @@ class GenerateCall final : public GenerationSink,
     std::string piece;
     bool matched = false;
     if (stream_ != nullptr) {
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = FastNow();
       piece = stream_->Push(token, &matched);
-      decode_time_ += absl::Now() - t0;
+      decode_time_ += FastNow() - t0;
     }
     v1::PositionLogprobs position;
     if (lp != nullptr && logprobs_) {
@@ -240,7 +241,7 @@ class GenerateCall final : public GenerationSink,
     {
       absl::MutexLock lock(&mu_);
       if (finishing_) return false;
-      if (pending_.token_ids_size() == 0) pending_sampled_ = engine_ != nullptr ? engine_->sampled_at() : absl::Now();
+      if (pending_.token_ids_size() == 0) pending_sampled_ = engine_ != nullptr ? engine_->sampled_at() : FastNow();
       pending_.add_token_ids(token);
       pending_.mutable_text()->append(piece);
       if (lp != nullptr && logprobs_) *pending_.add_logprobs() = std::move(position);
@@ -251,9 +252,9 @@ class GenerateCall final : public GenerationSink,
   void OnFinish(const absl::Status& status, const GenerationResult& result) override {
     std::string tail;
     if (stream_ != nullptr && status.ok()) {
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = FastNow();
       tail = stream_->Flush();
-      decode_time_ += absl::Now() - t0;
+      decode_time_ += FastNow() - t0;
     }
     if (record_time_ && metrics_ != nullptr) {
       metrics_->tokenizer_time("decode").Observe(absl::ToDoubleSeconds(decode_time_));
@@ -289,7 +290,7 @@ class GenerateCall final : public GenerationSink,
   void OnWriteDone(bool ok) override {
     if (ok && metrics_ != nullptr && in_flight_sampled_ != absl::InfinitePast()) {
       // The oldest token of the message just sent: sampled -> left the server.
-      metrics_->token_send().Observe(absl::ToDoubleSeconds(absl::Now() - in_flight_sampled_));
+      metrics_->token_send().Observe(absl::ToDoubleSeconds(FastNow() - in_flight_sampled_));
     }
     {
       absl::MutexLock lock(&mu_);
@@ -362,7 +363,7 @@ class GenerateCall final : public GenerationSink,
         // to a transit time before ours (the server's deadline counts from
         // the request's arrival), hence the slack.
         constexpr absl::Duration kClientDeadlineSlack = absl::Milliseconds(50);
-        if (absl::IsCancelled(status) && absl::Now() >= deadline_ - kClientDeadlineSlack) {
+        if (absl::IsCancelled(status) && FastNow() >= deadline_ - kClientDeadlineSlack) {
           status = absl::DeadlineExceededError("deadline exceeded during generation");
         }
         action = kFinish;
@@ -391,7 +392,7 @@ class GenerateCall final : public GenerationSink,
       const grpc::Status g = ToGrpcStatus(status);
       if (metrics_ != nullptr) {
         metrics_->RecordRequest("Generate", "", GrpcCodeName(g.error_code()),
-                                absl::ToDoubleSeconds(absl::Now() - start_));
+                                absl::ToDoubleSeconds(FastNow() - start_));
       }
       stream_out_->End(g);
     }
@@ -516,13 +517,13 @@ absl::Status PrepareGenerate(const v1::GenerateRequest& q, const TextSupport* te
   const TextSupport& t = text != nullptr ? *text : no_text;
   *text_prompt = q.prompt_token_ids_size() == 0;
   if (*text_prompt) {
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = FastNow();
     absl::StatusOr<std::vector<int32_t>> ids =
         q.messages_size() > 0
             ? t.EncodeChat(q.messages())
             : t.EncodeText("prompt", q.prompt(), q.has_add_special_tokens() ? q.add_special_tokens() : true);
     if (!ids.ok()) return ids.status();
-    if (metrics != nullptr) metrics->tokenizer_time("encode").Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+    if (metrics != nullptr) metrics->tokenizer_time("encode").Observe(absl::ToDoubleSeconds(FastNow() - t0));
     const char* field = q.messages_size() > 0 ? "messages" : "prompt";
     if (ids->empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": encodes to no tokens"));
     if (static_cast<int64_t>(ids->size()) >= engine.options().max_seq_len) {
@@ -574,7 +575,7 @@ absl::Status PrepareGenerate(const v1::GenerateRequest& q, const TextSupport* te
 void StartGenerate(Engine* engine, Metrics* metrics, const TextSupport* text, const absl::Status& accepting,
                    absl::Time deadline, const grpc::ByteBuffer& raw_request, GenerateStream* stream,
                    std::function<void()> on_done) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   auto call = std::make_shared<GenerateCall>(stream, engine, metrics, start, deadline, std::move(on_done));
   call->KeepAliveUntilDone();
   GenerateCall* reactor = call.get();

@@ -11,6 +11,7 @@
 #include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/support/method_handler.h"
+#include "kernels/clock.h"
 #include "server/async_calls.h"
 #include "server/fused_op_wire.h"
 #include "server/model_rpc.h"
@@ -63,7 +64,7 @@ absl::Status FusedServeService::CheckAccepting() const {
 void FusedServeService::Finish(grpc::ServerUnaryReactor* reactor, const std::string& rpc, const std::string& op,
                                absl::Time start, const absl::Status& status) {
   const grpc::Status g = ToGrpcStatus(status);
-  metrics_->RecordRequest(rpc, op, GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
+  metrics_->RecordRequest(rpc, op, GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(FastNow() - start));
   reactor->Finish(g);
   CallFinished();
 }
@@ -89,9 +90,9 @@ class FusedOpHandler final : public grpc::internal::MethodHandler {
       status = service_->HandleFusedOp(static_cast<grpc::ServerContext*>(param.server_context), *request, &response);
       request->~ByteBuffer();
     }
-    const absl::Time sending = absl::Now();
+    const absl::Time sending = FastNow();
     grpc::internal::UnaryRunHandlerHelper(param, &response, status);
-    service_->metrics()->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending));
+    service_->metrics()->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(FastNow() - sending));
   }
 
   void* Deserialize(grpc_call* call, grpc_byte_buffer* req, grpc::Status* status, void** /*handler_data*/) override {
@@ -155,7 +156,7 @@ class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
   explicit FusedOpCall(FusedServeService* service) : service_(service) {}
 
   void Start(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw_request, grpc::ByteBuffer* raw_response) {
-    start_ = absl::Now();
+    start_ = FastNow();
     service_->CallStarted();
     response_ = raw_response;
     absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(raw_request, start_, &op_);
@@ -169,14 +170,14 @@ class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
   }
 
   void OnDone() override {
-    service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending_));
+    service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(FastNow() - sending_));
     service_->RecycleFusedOpCall(this);  // destroys this
   }
 
  private:
   void Done(const absl::Status& status) {
     const grpc::Status g = service_->FinishFusedOp(op_, start_, status);
-    sending_ = absl::Now();
+    sending_ = FastNow();
     Finish(g);
   }
 
@@ -247,12 +248,12 @@ class FusedServeService::AsyncFusedOpSlot {
 
   void Proceed(bool ok) {
     if (answering_) {  // the answer has been sent (or the call is gone)
-      if (ok) service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(absl::Now() - sending_));
+      if (ok) service_->metrics_->RecordStage(Metrics::Stage::kSend, absl::ToDoubleSeconds(FastNow() - sending_));
       return Event();
     }
     if (!ok) return;  // the server is shutting down: no call came
     answering_ = true;
-    start_ = absl::Now();
+    start_ = FastNow();
     service_->CallStarted();
     absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(request_, start_, &op_);
     if (!request.ok()) return Done(request.status());
@@ -289,7 +290,7 @@ class FusedServeService::AsyncFusedOpSlot {
 
   void Done(const absl::Status& status) {
     const grpc::Status g = service_->FinishFusedOp(op_, start_, status);
-    sending_ = absl::Now();
+    sending_ = FastNow();
     if (g.ok()) {
       writer_->Finish(response_, g, &main_tag_);
     } else {
@@ -361,12 +362,12 @@ void FusedServeService::MakeAsyncHandlers() {
   // Ends a call: counts it and sends the answer (the call may be gone on return).
   auto finish = [this](AsyncUnaryCall* call, const char* rpc, absl::Time start, const absl::Status& status) {
     const grpc::Status g = ToGrpcStatus(status);
-    metrics_->RecordRequest(rpc, "", GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->RecordRequest(rpc, "", GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(FastNow() - start));
     CallFinished();
     call->Finish(g);
   };
   unary_handlers_[AsyncFusedServe::kTransformerBlock] = [this, finish](AsyncUnaryCall* call) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     CallStarted();
     if (absl::Status s = CheckAccepting(); !s.ok()) return finish(call, "TransformerBlock", start, s);
     auto messages = std::make_shared<std::pair<v1::TransformerBlockRequest, v1::TransformerBlockResponse>>();
@@ -380,7 +381,7 @@ void FusedServeService::MakeAsyncHandlers() {
                           });
   };
   unary_handlers_[AsyncFusedServe::kGetServerInfo] = [this, finish](AsyncUnaryCall* call) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     CallStarted();
     v1::GetServerInfoRequest request;
     if (absl::Status s = ParseRequest(call->request(), "GetServerInfo", &request); !s.ok()) {
@@ -394,12 +395,12 @@ void FusedServeService::MakeAsyncHandlers() {
     finish(call, "GetServerInfo", start, SerializeMessage(response, call->response()));
   };
   unary_handlers_[AsyncFusedServe::kTokenize] = [this, finish](AsyncUnaryCall* call) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     CallStarted();
     finish(call, "Tokenize", start, fusedserve::Tokenize(text_.load(), call->request(), call->response()));
   };
   unary_handlers_[AsyncFusedServe::kDetokenize] = [this, finish](AsyncUnaryCall* call) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = FastNow();
     CallStarted();
     v1::DetokenizeRequest request;
     if (absl::Status s = ParseRequest(call->request(), "Detokenize", &request); !s.ok()) {
@@ -462,7 +463,7 @@ void FusedServeService::RecycleFusedOpCall(FusedOpCall* call) {
 
 grpc::Status FusedServeService::FinishFusedOp(const std::string& op, absl::Time start, const absl::Status& status) {
   const grpc::Status g = ToGrpcStatus(status);
-  metrics_->RecordRequest("FusedOp", op, GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(absl::Now() - start));
+  metrics_->RecordRequest("FusedOp", op, GrpcCodeName(g.error_code()), absl::ToDoubleSeconds(FastNow() - start));
   CallFinished();
   return g;
 }
@@ -475,12 +476,12 @@ absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffe
     // to protobuf take the path below.
     static thread_local WireFusedOp wire;
     if (ParseFusedOpWire(raw_request, &wire)) {
-      const absl::Time received = absl::Now();
+      const absl::Time received = FastNow();
       metrics_->RecordStage(Metrics::Stage::kReceive, absl::ToDoubleSeconds(received - start));
       if (FindOpSpec(wire.op) != nullptr) *op = wire.op;
       if (absl::Status s = CheckAccepting(); !s.ok()) return s;
       absl::StatusOr<OpRequest> validated = ValidateWireFusedOp(wire, options_.limits);
-      if (validated.ok()) metrics_->RecordStage(Metrics::Stage::kDecode, absl::ToDoubleSeconds(absl::Now() - received));
+      if (validated.ok()) metrics_->RecordStage(Metrics::Stage::kDecode, absl::ToDoubleSeconds(FastNow() - received));
       return validated;
     }
   }
@@ -495,7 +496,7 @@ absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffe
                      " bytes) is not a valid fusedserve.v1.FusedOpRequest; check that the client was generated from "
                      "this server's fusedserve/v1/fusedserve.proto and sends a FusedOpRequest to this method"));
   }
-  const absl::Time received = absl::Now();
+  const absl::Time received = FastNow();
   metrics_->RecordStage(Metrics::Stage::kReceive, absl::ToDoubleSeconds(received - start));
   // Label only known op names: arbitrary client strings must not create series.
   if (FindOpSpec(request->op()) != nullptr) *op = request->op();
@@ -503,14 +504,14 @@ absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffe
   // The parsed request is not read again: its tensor bytes move into the
   // OpRequest instead of being copied.
   absl::StatusOr<OpRequest> validated = TakeValidatedFusedOp(*request, options_.limits);
-  if (validated.ok()) metrics_->RecordStage(Metrics::Stage::kDecode, absl::ToDoubleSeconds(absl::Now() - received));
+  if (validated.ok()) metrics_->RecordStage(Metrics::Stage::kDecode, absl::ToDoubleSeconds(FastNow() - received));
   return validated;
 }
 
 OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx) {
   OpTask task;
   task.request = std::move(request);
-  task.enqueued = absl::Now();
+  task.enqueued = FastNow();
   task.deadline = absl::FromChrono(ctx->deadline());
   task.interrupted = [this, ctx]() -> absl::Status {
     if (aborted_.load()) {
@@ -525,10 +526,10 @@ OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContext
 }
 
 absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   if (options_.wire_codec) {
     EncodeFusedOpWire(std::move(outputs), backend_->name(), raw_response);
-    metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(FastNow() - start));
     return absl::OkStatus();
   }
   google::protobuf::Arena& arena = ThreadArena();
@@ -539,7 +540,7 @@ absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffe
   bool own_buffer = false;
   const grpc::Status serialized =
       grpc::SerializationTraits<v1::FusedOpResponse>::Serialize(*response, raw_response, &own_buffer);
-  metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(absl::Now() - start));
+  metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(FastNow() - start));
   if (!serialized.ok()) return absl::InternalError("FusedOp: " + serialized.error_message());
   return absl::OkStatus();
 }
@@ -554,7 +555,7 @@ grpc::ServerUnaryReactor* FusedServeService::FusedOp(grpc::CallbackServerContext
 
 grpc::Status FusedServeService::HandleFusedOp(grpc::ServerContext* ctx, const grpc::ByteBuffer& raw_request,
                                               grpc::ByteBuffer* raw_response) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   CallStarted();
   std::string op;
   absl::StatusOr<OpRequest> request = DecodeFusedOp(raw_request, start, &op);
@@ -582,7 +583,7 @@ grpc::ServerUnaryReactor* FusedServeService::TransformerBlock(grpc::CallbackServ
                                                               const v1::TransformerBlockRequest* request,
                                                               v1::TransformerBlockResponse* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   CallStarted();
   if (absl::Status s = CheckAccepting(); !s.ok()) {
     Finish(reactor, "TransformerBlock", "", start, s);
@@ -613,7 +614,7 @@ grpc::ServerUnaryReactor* FusedServeService::GetServerInfo(grpc::CallbackServerC
     *response = info_;
   }
   CallStarted();  // balanced by Finish
-  Finish(reactor, "GetServerInfo", "", absl::Now(), absl::OkStatus());
+  Finish(reactor, "GetServerInfo", "", FastNow(), absl::OkStatus());
   return reactor;
 }
 
@@ -623,7 +624,7 @@ grpc::ServerUnaryReactor* FusedServeService::Tokenize(grpc::CallbackServerContex
                                                       const grpc::ByteBuffer* raw_request,
                                                       grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   CallStarted();
   Finish(reactor, "Tokenize", "", start, fusedserve::Tokenize(text_.load(), *raw_request, raw_response));
   return reactor;
@@ -633,7 +634,7 @@ grpc::ServerUnaryReactor* FusedServeService::Detokenize(grpc::CallbackServerCont
                                                         const v1::DetokenizeRequest* request,
                                                         v1::DetokenizeResponse* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const absl::Time start = absl::Now();
+  const absl::Time start = FastNow();
   CallStarted();
   Finish(reactor, "Detokenize", "", start, fusedserve::Detokenize(text_.load(), Vocab(), *request, response));
   return reactor;

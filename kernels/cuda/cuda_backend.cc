@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/clock.h"
 #include "kernels/cuda/buffers.h"
 #include "kernels/cuda/env_knob.h"
 
@@ -93,13 +94,13 @@ CudaStatus Spin(absl::Time start, Done&& done, Block&& block) {
   const int mode = WaitYieldMode();
   for (int i = 1;; ++i) {
     if (CudaStatus s; done(&s)) return s;
-    if (i % 16 == 0 && absl::Now() > until) return block();
+    if (i % 16 == 0 && FastNow() > until) return block();
     if (mode == 2 || (mode == 1 && g_spinning.load(std::memory_order_relaxed) > 1)) sched_yield();
   }
 }
 
 // Waits for `st`: spins on cudaStreamQuery, then blocks.
-CudaStatus WaitStream(cudaStream_t st, absl::Time start = absl::Now()) {
+CudaStatus WaitStream(cudaStream_t st, absl::Time start = FastNow()) {
   return Spin(
       start,
       [st](CudaStatus* s) {
@@ -234,7 +235,7 @@ class CudaBackend : public Backend {
   // GPU work is bounded by the cost limits (--max_op_flops) rather than
   // interrupted: one launch runs milliseconds at most, so `stop` is not polled.
   absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&) override {
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = FastNow();
     const DType dt = RequestDType(r);
 
     // Lay out inputs then outputs in one buffer; index inputs become I32.
@@ -283,7 +284,7 @@ class CudaBackend : public Backend {
     }
     cudaStream_t st = lane.ctx.stream;
     StageEvents& events = lane.events;
-    const absl::Time packed = absl::Now();
+    const absl::Time packed = FastNow();
     if (!zero_copy) {
       if (CudaStatus s = events.Record(0, st); !s.ok()) return CudaToAbsl(s);
       if (CudaStatus s = FS_CUDA_CHECK(cudaMemcpyAsync(dev, host, out_begin, cudaMemcpyHostToDevice, st)); !s.ok())
@@ -315,7 +316,7 @@ class CudaBackend : public Backend {
       if (CudaStatus s = events.Record(3, st); !s.ok()) return CudaToAbsl(s);
     }
     if (CudaStatus s = lane.done.Wait(st, packed); !s.ok()) return CudaToAbsl(s);
-    const absl::Time done = absl::Now();
+    const absl::Time done = FastNow();
 
     TensorMap result;
     for (const Slot& slot : outputs) {
@@ -330,11 +331,11 @@ class CudaBackend : public Backend {
     if (zero_copy) {
       times.h2d = absl::ToDoubleSeconds(packed - t0);
       times.kernel = absl::ToDoubleSeconds(done - packed);
-      times.d2h = absl::ToDoubleSeconds(absl::Now() - done);
+      times.d2h = absl::ToDoubleSeconds(FastNow() - done);
     } else {
       times.h2d = absl::ToDoubleSeconds(packed - t0) + events.Seconds(0, 1);
       times.kernel = events.Seconds(1, 2);
-      times.d2h = events.Seconds(2, 3) + absl::ToDoubleSeconds(absl::Now() - done);
+      times.d2h = events.Seconds(2, 3) + absl::ToDoubleSeconds(FastNow() - done);
     }
     return result;
   }

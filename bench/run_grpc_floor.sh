@@ -28,10 +28,8 @@
 #   fusedserve-protobuf (--fused_op_wire_codec=false),
 #   fusedserve-lanes{1,2,4,8} (--cuda_small_op_lanes), fusedserve-noyield
 #   (FUSEDSERVE_WAIT_YIELD=0: the completion wait never yields its core),
-#   fusedserve-yield2 (FUSEDSERVE_WAIT_YIELD=2: the wait yields even when no
-#   other wait spins), fusedserve-noflag (FUSEDSERVE_WAIT_FLAG=0: the wait polls cudaStreamQuery
-#   instead of the lane's completion word), fusedserve-oldwait (both: the
-#   completion wait as it was before them),
+#   fusedserve-noflag (FUSEDSERVE_WAIT_FLAG=0: the wait polls cudaStreamQuery
+#   instead of the lane's completion word),
 #   fusedserve-prev (one lane, no yield: the defaults before both),
 #   fusedserve-base[-inline|-nobatch] (the base build).
 set -uo pipefail
@@ -88,8 +86,6 @@ cmd[fusedserve-lanes1]="fusedserve $fs --cuda_small_op_lanes=1"
 cmd[fusedserve-noyield]="fusedserve $fs"
 cmd[fusedserve-prev]="fusedserve $fs --cuda_small_op_lanes=1"
 cmd[fusedserve-noflag]="fusedserve $fs"
-cmd[fusedserve-yield2]="fusedserve $fs"
-cmd[fusedserve-oldwait]="fusedserve $fs"
 cmd[fusedserve-poll]="fusedserve $fs"
 cmd[fusedserve-poll-zc]="fusedserve $fs"
 cmd[fusedserve-epoll1]="fusedserve $fs --grpc_poll_strategy=epoll1"
@@ -97,8 +93,6 @@ cmd[fusedserve-epoll1-zc64k]="fusedserve $fs --grpc_poll_strategy=epoll1"
 declare -A envs
 envs[fusedserve-nozc]="FUSEDSERVE_ZERO_COPY=0"
 envs[fusedserve-noyield]="FUSEDSERVE_WAIT_YIELD=0"
-envs[fusedserve-yield2]="FUSEDSERVE_WAIT_YIELD=2"  # yields on every try, alone too (the default before)
-envs[fusedserve-oldwait]="FUSEDSERVE_WAIT_YIELD=2 FUSEDSERVE_WAIT_FLAG=0"  # the wait before both
 envs[fusedserve-noflag]="FUSEDSERVE_WAIT_FLAG=0"  # the completion wait queries the stream instead
 envs[fusedserve-prev]="FUSEDSERVE_WAIT_YIELD=0"  # the defaults before lanes and the yielding wait
 # gRPC's poll() engine: each queue's pollset polls only its own connections

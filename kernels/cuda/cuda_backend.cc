@@ -21,9 +21,10 @@
 // round trip is one launch and one wait. The wait spins for a short while
 // (these ops finish in microseconds; a blocking wait would add a wake-up)
 // before it blocks; it spins on a word of the lane's pinned memory that the
-// stream writes once the launch is done (LaneFlag), not on the driver. Stage times (h2d, kernel, d2h) go to
-// ThisThreadStageTimes(): CUDA events on the copy path, the host clock on the
-// zero-copy path (h2d/d2h: packing into and copying out of pinned memory).
+// stream writes once the launch is done (LaneFlag), not on the driver.
+// Stage times (h2d, kernel, d2h) go to ThisThreadStageTimes(): CUDA events
+// on the copy path, the host clock on the zero-copy path (h2d/d2h: packing
+// into and copying out of pinned memory).
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda.h>  // the stream memory op's types; the function comes through the runtime
@@ -38,7 +39,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/clock.h"
 #include "kernels/cuda/buffers.h"
@@ -76,9 +76,9 @@ bool WaitYields() {
 // since `start`). The spin yields the core between tries: under concurrency
 // the spinning gRPC threads share the cores with the client and the other
 // calls (H200 host, 16 lanes, c=64: 94k req/s against 78k without the
-// yield). Yielding only while another wait spins measured no better at c=1
-// (below this host's round-to-round noise) and no better at c=64 (95.6k
-// against 90.5-97.3k). FUSEDSERVE_WAIT_YIELD=0 spins without yielding (A/B).
+// yield). Yielding only while another wait spins measured within the
+// host's noise at c=1 and no better at c=64, in two sessions.
+// FUSEDSERVE_WAIT_YIELD=0 spins without yielding (A/B).
 // The clock is read every 16 tries, not on each.
 template <typename Done, typename Block>
 CudaStatus Spin(absl::Time start, Done&& done, Block&& block) {
@@ -126,7 +126,7 @@ StreamWriteValue32 WriteValue32() {
 // writes system-wide first), and the waiting thread spins on the word, a
 // read of its own memory, instead of calling cudaStreamQuery, a driver call
 // under the driver's locks. H200, gpu_roundtrip_bench, one zero-copy
-// rms_norm row: 12.9-13.3 us against 13.8-14.0 with the query. A launch that
+// rms_norm row: 12.9-13.8 us against 13.6-14.6 with the query. A launch that
 // fails on the device never writes the word: the wait then blocks in
 // cudaStreamSynchronize after kSpinWait, which returns the error.
 class LaneFlag {

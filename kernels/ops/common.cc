@@ -69,9 +69,12 @@ RowLayout FlatRows(std::vector<std::string> concat) {
   return l;
 }
 
-OutputShapeList LikeX(const OpRequest& r, const std::vector<std::string>& names) {
+OutputShapeList LikeX(const OpRequest& r, std::initializer_list<const char*> names) {
+  // Called a few times per request (cost, launch): no vector of names built.
   OutputShapeList out;
-  for (const std::string& n : names) out.emplace_back(n, r.in("x").shape);
+  out.reserve(names.size());
+  const std::vector<int64_t>& shape = r.in("x").shape;
+  for (const char* n : names) out.emplace_back(n, shape);
   return out;
 }
 

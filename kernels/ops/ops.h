@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,7 @@ absl::Status CheckGqaKey(const std::string& op, int64_t hq, int64_t hkv);
 // Batch layout of a row-wise op whose inputs `concat` hold the rows.
 RowLayout FlatRows(std::vector<std::string> concat);
 // Outputs shaped like input x: {{name, x.shape}} per name.
-OutputShapeList LikeX(const OpRequest& r, const std::vector<std::string>& names);
+OutputShapeList LikeX(const OpRequest& r, std::initializer_list<const char*> names);
 void ElementwiseCost(const OpRequest& r, OpCost* cost);
 
 }  // namespace fusedserve::ops

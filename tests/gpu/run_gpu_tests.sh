@@ -44,10 +44,12 @@ if [ -x "$b/bin/cuda_backend_test" ]; then
   summary "cuda_backend_test (stream-query wait)" "$out/cuda_backend_test.query.log" $?
 fi
 # The real server on the CUDA backend, many callers at once (small ops on its
-# lanes, side by side), when the bundle has the server and that test.
+# lanes, side by side; on one lane, merged by the batcher), when the bundle
+# has the server and that test.
 if [ -x "$b/bin/fusedserve" ] && [ -x "$b/bin/fused_op_path_test" ]; then
   FUSEDSERVE_BIN="$b/bin/fusedserve" FUSEDSERVE_TEST_SERVER_FLAGS=--device=cuda timeout 300 \
-    "$b/bin/fused_op_path_test" --gtest_filter='*ConcurrentMixedOps*' > "$out/fused_op_path_test.cuda.log" 2>&1
+    "$b/bin/fused_op_path_test" --gtest_filter='*ConcurrentMixedOps*:*ConcurrentCallsStillBatch*' \
+    > "$out/fused_op_path_test.cuda.log" 2>&1
   summary "fused_op_path_test (CUDA server, concurrent callers)" "$out/fused_op_path_test.cuda.log" $?
 fi
 echo "== all"

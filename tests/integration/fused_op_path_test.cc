@@ -148,9 +148,12 @@ TEST(FusedOpPath, BadPollStrategyFlagIsRejected) {
 
 // Under concurrency requests still merge: with a batch delay long enough for
 // 8 concurrent callers to meet, fewer launches than requests happen, and
-// every caller gets its own rows.
+// every caller gets its own rows. One CUDA lane, so that against the CUDA
+// backend (FUSEDSERVE_TEST_SERVER_FLAGS=--device=cuda) the callers queue too
+// instead of each running inline on a free lane.
 void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
-  std::vector<std::string> flags = {"--batch_max_delay_us=20000", "--batch_parallel_launches=1", "--worker_threads=1"};
+  std::vector<std::string> flags = {"--batch_max_delay_us=20000", "--batch_parallel_launches=1", "--worker_threads=1",
+                                    "--cuda_small_op_lanes=1"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   std::unique_ptr<ServerProcess> server = ServerProcess::Start(flags);
   ASSERT_NE(server, nullptr);

@@ -72,35 +72,32 @@ bool WaitYields() {
   return yield;
 }
 
-// Spins until done() (or blocks through block() once kSpinWait has passed
-// since `start`). The spin yields the core between tries: under concurrency
-// the spinning gRPC threads share the cores with the client and the other
-// calls (H200 host, 16 lanes, c=64: 94k req/s against 78k without the
-// yield). Yielding only while another wait spins measured within the
-// host's noise at c=1 and no better at c=64, in two sessions.
-// FUSEDSERVE_WAIT_YIELD=0 spins without yielding (A/B).
-// The clock is read every 16 tries, not on each.
-template <typename Done, typename Block>
-CudaStatus Spin(absl::Time start, Done&& done, Block&& block) {
+// Spins until done() says `st`'s work is over, or blocks in
+// cudaStreamSynchronize once kSpinWait has passed since `start`. The spin
+// yields the core between tries: under concurrency the spinning gRPC
+// threads share the cores with the client and the other calls (H200 host,
+// 16 lanes, c=64: 94k req/s against 78k without the yield). Yielding only
+// while another wait spins measured within the host's noise at c=1 and no
+// better at c=64, in two sessions. FUSEDSERVE_WAIT_YIELD=0 spins without
+// yielding (A/B). The clock is read every 16 tries, not on each.
+template <typename Done>
+CudaStatus Spin(cudaStream_t st, absl::Time start, Done&& done) {
   const absl::Time until = start + kSpinWait;
   for (int i = 1;; ++i) {
     if (CudaStatus s; done(&s)) return s;
-    if (i % 16 == 0 && FastNow() > until) return block();
+    if (i % 16 == 0 && FastNow() > until) return FS_CUDA_CHECK(cudaStreamSynchronize(st));
     if (WaitYields()) sched_yield();
   }
 }
 
 // Waits for `st`: spins on cudaStreamQuery, then blocks.
 CudaStatus WaitStream(cudaStream_t st, absl::Time start = FastNow()) {
-  return Spin(
-      start,
-      [st](CudaStatus* s) {
-        const cudaError_t e = cudaStreamQuery(st);
-        if (e == cudaErrorNotReady) return false;
-        *s = e == cudaSuccess ? CudaStatus::Ok() : FS_CUDA_CHECK(e);
-        return true;
-      },
-      [st] { return FS_CUDA_CHECK(cudaStreamSynchronize(st)); });
+  return Spin(st, start, [st](CudaStatus* s) {
+    const cudaError_t e = cudaStreamQuery(st);
+    if (e == cudaErrorNotReady) return false;
+    *s = e == cudaSuccess ? CudaStatus::Ok() : FS_CUDA_CHECK(e);
+    return true;
+  });
 }
 
 // The driver's cuStreamWriteValue32 (through the runtime: no -lcuda), or
@@ -144,15 +141,12 @@ class LaneFlag {
       return WaitStream(st, start);
     }
     const volatile uint32_t* word = reinterpret_cast<const volatile uint32_t*>(host);
-    return Spin(
-        start,
-        [word, seq](CudaStatus* s) {
-          if (*word != seq) return false;
-          std::atomic_thread_fence(std::memory_order_acquire);  // the outputs, read after the word
-          *s = CudaStatus::Ok();
-          return true;
-        },
-        [st] { return FS_CUDA_CHECK(cudaStreamSynchronize(st)); });
+    return Spin(st, start, [word, seq](CudaStatus* s) {
+      if (*word != seq) return false;
+      std::atomic_thread_fence(std::memory_order_acquire);  // the outputs, read after the word
+      *s = CudaStatus::Ok();
+      return true;
+    });
   }
 
  private:

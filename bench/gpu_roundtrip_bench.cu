@@ -16,7 +16,7 @@
 //                     (cuStreamWriteValue32) that the host spins on
 //   param+query       x and w travel in the launch's parameters (16 KiB,
 //                     CUDA 12.1+), y written to mapped memory: no PCIe read
-//   param-copy+query  a kernel copies the parameters to device memory, then
+//   param-copy+q      a kernel copies the parameters to device memory, then
 //                     the zc1 kernel reads them there (a generic H2D for any op)
 //   norm+query        the backend's own rms_norm kernel (cuda::LaunchNorm,
 //                     default config, PDL attribute as the backend launches
@@ -221,6 +221,27 @@ int main(int argc, char** argv) {
   auto report = [](const char* name, fusedserve::bench::HostLatencyUs s) {
     std::printf("%-14s %8.1f %8.1f %8.1f\n", name, s.p50, s.p99, s.min);
   };
+  // One variant whose output lands in hy: poisoned first, `issue(i)` packs
+  // the inputs and enqueues the work, `wait(i)` waits for it, hy is copied
+  // out; then the answer is checked.
+  auto trip = [&](const char* name, auto&& issue, auto&& wait) {
+    poison();
+    report(name, fusedserve::bench::TimeHostUs(iters, 200, [&](int i) {
+             issue(i);
+             wait(i);
+             std::memcpy(output.data(), hy, row);
+           }));
+    BENCH_CHECK(cudaStreamSynchronize(st));
+    check(name, hy);
+  };
+  auto query = [&](int) { SpinQuery(st); };
+  // Waits for flags[0] to hold i + 1 (written by the kernel or the stream).
+  auto flag_seen = [&](int i) {
+    const unsigned seq = static_cast<unsigned>(i) + 1;
+    while (flags[0] != seq) {
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+  };
 
   // Host-side driver calls a launch path makes (no GPU work).
   report("setdevice", fusedserve::bench::TimeHostUs(iters, 200, [&](int) { BENCH_CHECK(cudaSetDevice(0)); }));
@@ -237,87 +258,41 @@ int main(int argc, char** argv) {
            BENCH_CHECK(cudaStreamSynchronize(st));
          }));
   // Zero-copy, as the backend: inputs packed into the staging block first.
-  poison();
-  report("zc+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
-           std::memcpy(host, input.data(), 2 * row);
-           RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, nullptr, 0);
-           SpinQuery(st);
-           std::memcpy(output.data(), hy, row);
-         }));
-  check("zc+query", hy);
-  poison();
-  report("zc+flag", fusedserve::bench::TimeHostUs(iters, 200, [&](int i) {
-           const unsigned seq = static_cast<unsigned>(i) + 1;
-           std::memcpy(host, input.data(), 2 * row);
-           RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, dflags, seq);
-           while (flags[0] != seq) {
-           }
-           std::atomic_thread_fence(std::memory_order_acquire);
-           std::memcpy(output.data(), hy, row);
-         }));
-  check("zc+flag", hy);
-  BENCH_CHECK(cudaStreamSynchronize(st));
+  trip(
+      "zc+query",
+      [&](int) {
+        std::memcpy(host, input.data(), 2 * row);
+        RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, nullptr, 0);
+      },
+      query);
+  trip(
+      "zc+flag",
+      [&](int i) {
+        std::memcpy(host, input.data(), 2 * row);
+        RmsKernel<<<1, kThreads, 0, st>>>(dx, dw, dy, cols, dflags, static_cast<unsigned>(i) + 1);
+      },
+      flag_seen);
   flags[0] = 0;
-  report("copy+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
-           std::memcpy(host, input.data(), 2 * row);
-           BENCH_CHECK(cudaMemcpyAsync(dev, host, 2 * row, cudaMemcpyHostToDevice, st));
-           RmsKernel<<<1, kThreads, 0, st>>>(reinterpret_cast<__nv_bfloat16*>(dev),
-                                             reinterpret_cast<__nv_bfloat16*>(dev + row),
-                                             reinterpret_cast<__nv_bfloat16*>(dev + 2 * row), cols, nullptr, 0);
-           BENCH_CHECK(cudaMemcpyAsync(host + 2 * row, dev + 2 * row, row, cudaMemcpyDeviceToHost, st));
-           SpinQuery(st);
-           std::memcpy(output.data(), hy, row);
-         }));
-  check("copy+query", hy);
+  trip(
+      "copy+query",
+      [&](int) {
+        std::memcpy(host, input.data(), 2 * row);
+        BENCH_CHECK(cudaMemcpyAsync(dev, host, 2 * row, cudaMemcpyHostToDevice, st));
+        RmsKernel<<<1, kThreads, 0, st>>>(reinterpret_cast<__nv_bfloat16*>(dev),
+                                          reinterpret_cast<__nv_bfloat16*>(dev + row),
+                                          reinterpret_cast<__nv_bfloat16*>(dev + 2 * row), cols, nullptr, 0);
+        BENCH_CHECK(cudaMemcpyAsync(host + 2 * row, dev + 2 * row, row, cudaMemcpyDeviceToHost, st));
+      },
+      query);
 
   if (cols == kCols) {
     const uint4* ux = reinterpret_cast<const uint4*>(dx);
     const uint4* uw = reinterpret_cast<const uint4*>(dw);
     uint4* uy = reinterpret_cast<uint4*>(dy);
-    poison();
-    report("zc1+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
-             std::memcpy(host, input.data(), 2 * row);
-             RmsRegsKernel<<<1, kThreads, 0, st>>>(ux, uw, uy);
-             SpinQuery(st);
-             std::memcpy(output.data(), hy, row);
-           }));
-    check("zc1+query", hy);
-
-    // The driver's stream memory op, through the runtime's entry point lookup (no -lcuda).
-    using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    WriteValue32 write_value = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess && fn != nullptr) {
-      write_value = reinterpret_cast<WriteValue32>(fn);
-      poison();
-      flags[0] = 0;
-      const CUdeviceptr dflag = reinterpret_cast<CUdeviceptr>(dflags);
-      bool ok = true;
-      report("zc1+memop", fusedserve::bench::TimeHostUs(iters, 200, [&](int i) {
-               const unsigned s = static_cast<unsigned>(i) + 1;
-               std::memcpy(host, input.data(), 2 * row);
-               RmsRegsKernel<<<1, kThreads, 0, st>>>(ux, uw, uy);
-               if (write_value(st, dflag, s, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
-                 ok = false;
-                 return;
-               }
-               while (flags[0] != s) {
-               }
-               std::atomic_thread_fence(std::memory_order_acquire);
-               std::memcpy(output.data(), hy, row);
-             }));
-      if (!ok) std::printf("zc1+memop: cuStreamWriteValue32 failed\n");
-      BENCH_CHECK(cudaStreamSynchronize(st));
-      check("zc1+memop", hy);
-      flags[0] = 0;
-    } else {
-      cudaGetLastError();
-      std::printf("zc1+memop: cuStreamWriteValue32 not found\n");
-    }
-
+    auto regs = [&](int) {
+      std::memcpy(host, input.data(), 2 * row);
+      RmsRegsKernel<<<1, kThreads, 0, st>>>(ux, uw, uy);
+    };
     fusedserve::cuda::NormParams np;
     np.kind = fusedserve::cuda::NormKind::kRms;
     np.dtype = fusedserve::DType::kBF16;
@@ -327,52 +302,57 @@ int main(int argc, char** argv) {
     np.rows = 1;
     np.hidden = cols;
     const fusedserve::cuda::NormConfig nc = fusedserve::cuda::DefaultNormConfig(np.dtype, 1, cols);
-    poison();
-    report("norm+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
-             std::memcpy(host, input.data(), 2 * row);
-             if (!fusedserve::cuda::LaunchNorm(np, nc, st).ok()) std::exit(1);
-             SpinQuery(st);
-             std::memcpy(output.data(), hy, row);
-           }));
-    check("norm+query", hy);
-    if (write_value != nullptr) {
-      poison();
-      flags[0] = 0;
+    auto norm = [&](int) {
+      std::memcpy(host, input.data(), 2 * row);
+      if (!fusedserve::cuda::LaunchNorm(np, nc, st).ok()) std::exit(1);
+    };
+    trip("zc1+query", regs, query);
+    trip("norm+query", norm, query);
+
+    // The driver's stream memory op, through the runtime's entry point lookup (no -lcuda).
+    using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess && fn != nullptr) {
+      const auto write_value = reinterpret_cast<WriteValue32>(fn);
       const CUdeviceptr dflag = reinterpret_cast<CUdeviceptr>(dflags);
-      report("norm+memop", fusedserve::bench::TimeHostUs(iters, 200, [&](int i) {
-               const unsigned s = static_cast<unsigned>(i) + 1;
-               std::memcpy(host, input.data(), 2 * row);
-               if (!fusedserve::cuda::LaunchNorm(np, nc, st).ok()) std::exit(1);
-               if (write_value(st, dflag, s, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) std::exit(1);
-               while (flags[0] != s) {
-               }
-               std::atomic_thread_fence(std::memory_order_acquire);
-               std::memcpy(output.data(), hy, row);
-             }));
-      BENCH_CHECK(cudaStreamSynchronize(st));
-      check("norm+memop", hy);
+      // The stream writes i + 1 into flags[0] after the work; the host spins on it.
+      auto memop = [&](int i) {
+        if (write_value(st, dflag, static_cast<unsigned>(i) + 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS) {
+          std::printf("cuStreamWriteValue32 failed\n");
+          std::exit(1);
+        }
+        flag_seen(i);
+      };
       flags[0] = 0;
+      trip("zc1+memop", regs, memop);
+      flags[0] = 0;
+      trip("norm+memop", norm, memop);
+      flags[0] = 0;
+    } else {
+      cudaGetLastError();
+      std::printf("zc1+memop, norm+memop: cuStreamWriteValue32 not found\n");
     }
 
     static RowParams params;  // 16 KiB: not on the stack
-    poison();
-    report("param+query", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
-             std::memcpy(&params, input.data(), 2 * row);
-             RmsParamKernel<<<1, kThreads, 0, st>>>(params, uy);
-             SpinQuery(st);
-             std::memcpy(output.data(), hy, row);
-           }));
-    check("param+query", hy);
-    poison();
+    trip(
+        "param+query",
+        [&](int) {
+          std::memcpy(&params, input.data(), 2 * row);
+          RmsParamKernel<<<1, kThreads, 0, st>>>(params, uy);
+        },
+        query);
     const uint4* dev_x = reinterpret_cast<const uint4*>(dev);
-    report("param-copy+q", fusedserve::bench::TimeHostUs(iters, 200, [&](int) {
-             std::memcpy(&params, input.data(), 2 * row);
-             CopyParamKernel<<<1, kThreads, 0, st>>>(params, reinterpret_cast<uint4*>(dev));
-             RmsRegsKernel<<<1, kThreads, 0, st>>>(dev_x, dev_x + kCols / 8, uy);
-             SpinQuery(st);
-             std::memcpy(output.data(), hy, row);
-           }));
-    check("param-copy+q", hy);
+    trip(
+        "param-copy+q",
+        [&](int) {
+          std::memcpy(&params, input.data(), 2 * row);
+          CopyParamKernel<<<1, kThreads, 0, st>>>(params, reinterpret_cast<uint4*>(dev));
+          RmsRegsKernel<<<1, kThreads, 0, st>>>(dev_x, dev_x + kCols / 8, uy);
+        },
+        query);
   }
 
   // Resident kernel: doorbell flags[0], done flags[1].

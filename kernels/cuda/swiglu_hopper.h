@@ -27,7 +27,11 @@ bool HopperSwigluSupported(DType dtype, int64_t M, int64_t D, int64_t I, const v
 // Kernel variants. Measured on one H100 (gpu_gemm_matched_bench, M=4096
 // D=4096 I=14336 bf16, 2 s of sustained launches first): group_m 8/16 1.54
 // ms against 1.60 ms for one group; cluster 2 3.03 ms (tensor pipe 36%
-// active), cause not found yet, so it stays off.
+// active), cause not found yet, so it stays off. On an H200, with the
+// epilogue on one MUFU op and its stores under the next tile's wgmmas, the
+// fused gate takes as long as cuBLASLt's gate_up GEMM alone (1.20-1.21 ms
+// back to back; main's epilogue 1.27-1.28); cluster 2 still 2.18 ms with
+// all 132 CTAs resident (66 clusters), so its loss is not the grid.
 struct HopperSwigluOptions {
   // The persistent walk covers groups of group_m row tiles (128 rows, or a
   // cluster's 256), rows fastest inside a group; 0: all in one group.

@@ -39,6 +39,8 @@ std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t
 
 namespace {
 
+constexpr int64_t kHopperSwigluMinM = 256;  // rows from which the built-in rule takes the fused Hopper gate
+
 LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                             const SwigluMlpConfig& c) {
   const bool gemv_ok = cuda::GemvSupported(dt, M, D, x, gate_up);
@@ -50,7 +52,11 @@ LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const voi
   }
   if (c.path == LinearPath::kGemm || c.path == LinearPath::kHopper) return LinearPath::kGemm;
   if (gemv_ok && GemvByDefault(M)) return LinearPath::kGemv;
-  return skinny_ok && cuda::SkinnyGemmByDefault(M, I, D, true) ? LinearPath::kSkinny : LinearPath::kGemm;
+  if (skinny_ok && cuda::SkinnyGemmByDefault(M, I, D, true)) return LinearPath::kSkinny;
+  // From a few hundred rows the fused gate beats cuBLASLt plus the SwiGLU
+  // pass (the [M,2I] intermediate never reaches device memory).
+  if (M >= kHopperSwigluMinM && cuda::HopperSwigluSupported(dt, M, D, I, x, gate_up, h)) return LinearPath::kHopper;
+  return LinearPath::kGemm;
 }
 
 }  // namespace

@@ -7,9 +7,10 @@
 // Warp specialization: warpgroup 0 is the producer (one thread issues TMA
 // into a 4-stage ring of 128B-swizzled shared memory, full/empty mbarriers),
 // warpgroups 1 and 2 consume 64 rows each; setmaxnreg moves registers from
-// the producer to the consumers (128 fp32 accumulators each). The h tile
-// leaves through swizzled shared memory and TMA stores that overlap the next
-// tile's main loop. Persistent grid (one CTA per SM) walking the tiles
+// the producer to the consumers (128 fp32 accumulators each). The epilogue
+// packs silu(gate) * up into registers, starts the next tile's wgmmas, and
+// only then writes the packed h tile to swizzled shared memory and issues
+// its TMA stores, which overlap that tile's main loop. Persistent grid (one CTA per SM) walking the tiles
 // row-fastest in groups (TileOrigin), so the CTAs of a wave share tiles in
 // L2; the producer prefetches the next tile while the consumers store.
 // Optional 2-CTA clusters share the weight tile by TMA multicast (off by
@@ -178,7 +179,15 @@ __device__ __forceinline__ void TileOrigin(int t, int m_tiles, int n_tiles, int 
   *n0 = (r / gm) * kBN;
 }
 
-__device__ __forceinline__ float Silu(float g) { return g / (1.0f + __expf(-g)); }
+// silu(g) * u with one MUFU op: silu(g) = g/2 * (1 + tanh(g/2)). The
+// epilogue is bound by the quarter-rate MUFU pipe while the tensor cores
+// idle; exp and a reciprocal were two ops an element.
+__device__ __forceinline__ float SiluMul(float g, float u) {
+  const float hg = 0.5f * g;
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(hg));
+  return fmaf(hg, t, hg) * u;
+}
 
 // kCluster 2: CTA pairs of one cluster take vertically adjacent tiles with
 // the same columns; each loads its own x tile and one half of the weight
@@ -254,15 +263,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const bool leader = threadIdx.x % 128 == 0;
     const uint32_t out = out_base + cw * (kOutBytes / 2);
+    // h of the previous tile, packed, on its way out: it is written to shared
+    // memory and stored while this tile's first wgmmas run.
+    uint32_t packed[32];
+    int pending_row0 = -1, pending_n0 = 0;
+    auto store_pending = [&] {
+      if (leader) BulkWaitRead();  // the stores before have read the buffer
+      NamedBarrier(1 + cw, 128);
+      // The layout of the output tensor map's 128B-swizzled 64 x 64 boxes.
+      // Accumulator register i: row warp*16 + lane/4 + 8*((i>>1)&1), column
+      // (i>>2)*8 + (lane%4)*2 + (i&1); packed[j*2+r] holds registers
+      // i = j*4 + r*2 and i+1. Row % 8 is lane/4, so the swizzled 16-byte
+      // chunk is (column chunk) ^ (lane/4): no bank conflicts.
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = warp * 16 + lane / 4 + 8 * r;
+          const uint32_t addr = out + (j / 8) * 8192 + row * 128 + (((j % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(packed[j * 2 + r]) : "memory");
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the TMA engine
+      NamedBarrier(1 + cw, 128);
+      if (leader && pending_row0 < M) {
+        TmaStore2d(&map_h, out, pending_n0, pending_row0);
+        if (pending_n0 + 64 < I) TmaStore2d(&map_h, out + 8192, pending_n0 + 64, pending_row0);
+        BulkCommit();
+      }
+      pending_row0 = -1;
+    };
     int stage = 0;
     uint32_t phase = 0;
+    float acc[128];
     for (int t = first; t < tiles; t += step) {
       int mp, n0;
       TileOrigin(t, mp_tiles, n_tiles, group_m, &mp, &n0);
       const int m0 = (mp * kCluster + static_cast<int>(rank)) * kBM;
-      float acc[128];
-#pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
       int prev = -1;
       for (int kt = 0; kt < k_tiles; ++kt) {
         MbarWait(full_bar + 8 * stage, phase);
@@ -271,11 +308,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 128; ++i) FenceOperand(acc[i]);
         WgmmaFence();
+        // A tile's first wgmma starts from zero (scale-d 0): no register
+        // clearing between the previous tile's epilogue and this issue.
 #pragma unroll
-        for (int k = 0; k < kBK / 16; ++k) Ops<T>::Mma(acc, da + 2 * k, db + 2 * k, 1);
+        for (int k = 0; k < kBK / 16; ++k) Ops<T>::Mma(acc, da + 2 * k, db + 2 * k, kt > 0 || k > 0 ? 1 : 0);
         WgmmaCommit();
 #pragma unroll
         for (int i = 0; i < 128; ++i) FenceOperand(acc[i]);
+        if (kt == 0 && pending_row0 >= 0) store_pending();  // under this tile's first wgmmas
         // The previous stage's wgmmas are done once at most this group is
         // pending: hand that stage back to the producer(s).
         WgmmaWait<1>();
@@ -304,35 +344,20 @@ __global__ void __launch_bounds__(kThreads, 1)
           MbarArrive(empty_bar + 8 * prev);
         }
       }
-      // Epilogue: h through shared memory (the layout of the output tensor
-      // map's 128B-swizzled 64 x 64 boxes), then one TMA store per box; the
-      // store overlaps the next tile's main loop. Accumulator register i:
-      // row warp*16 + lane/4 + 8*((i>>1)&1), column (i>>2)*8 + (lane%4)*2 +
-      // (i&1); up's column c+128 is register i+64. Row % 8 is lane/4, so the
-      // swizzled 16-byte chunk is (column chunk) ^ (lane/4): no bank conflicts.
-      if (leader) BulkWaitRead();  // the previous tile's stores have read the buffer
-      NamedBarrier(1 + cw, 128);
+      // Epilogue, first half: silu(gate) * up (up's column c+128 is register
+      // i+64), packed; the stores wait for the next tile's first wgmmas.
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int i = j * 4 + r * 2;
-          const int row = warp * 16 + lane / 4 + 8 * r;
-          const float v0 = Silu(acc[i]) * acc[i + 64];
-          const float v1 = Silu(acc[i + 1]) * acc[i + 65];
-          const uint32_t addr = out + (j / 8) * 8192 + row * 128 + (((j % 8) ^ (lane / 4)) * 16) + (lane % 4) * 4;
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(Ops<T>::Pack(v0, v1)) : "memory");
+          packed[j * 2 + r] = Ops<T>::Pack(SiluMul(acc[i], acc[i + 64]), SiluMul(acc[i + 1], acc[i + 65]));
         }
       }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the TMA engine
-      NamedBarrier(1 + cw, 128);
-      const int row0 = m0 + cw * 64;
-      if (leader && row0 < M) {
-        TmaStore2d(&map_h, out, n0, row0);
-        if (n0 + 64 < I) TmaStore2d(&map_h, out + 8192, n0 + 64, row0);
-        BulkCommit();
-      }
+      pending_row0 = m0 + cw * 64;
+      pending_n0 = n0;
     }
+    if (pending_row0 >= 0) store_pending();
     if (leader) BulkWait();
   }
   if constexpr (kCluster > 1) {

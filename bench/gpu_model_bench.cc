@@ -7,7 +7,8 @@
 //      sampling, sinks): B requests submitted at once, time per output token.
 //   3. one llama-3-8b layer: prefill B=2 S=2048, decode B=1 ctx=2048 and
 //      decode B=64 ctx=128, timed as Forward(2 layers) - Forward(1 layer)
-//      (embedding, LM head and copies cancel).
+//      (embedding, LM head and copies cancel; the two run alternately and the
+//      median of the paired differences is reported).
 // Floor: bytes a step must read (every weight once, the tied embedding read
 // by the LM head, the K/V of B x ctx positions over all layers) at the
 // device-to-device copy bandwidth measured in the same run (read + write),
@@ -186,6 +187,32 @@ double MedianForwardMs(ModelRunner& r, const std::vector<SeqForward>& batch, int
   return ms[ms.size() / 2];
 }
 
+// One layer's time as the difference of a 2-layer and a 1-layer Forward of
+// the same batch, the two run alternately so that both see the same clock
+// and power state (long prefills move the boost clock by 10-20%): the median
+// of `iters` paired differences, with the quartiles printed.
+double MedianLayerMs(ModelRunner& one, ModelRunner& two, const std::vector<SeqForward>& batch, int iters,
+                     const char* what) {
+  ForwardOutput out;
+  auto forward_ms = [&](ModelRunner& r) {
+    auto a = Clock::now();
+    if (absl::Status s = r.Forward(batch, &out); !s.ok()) {
+      std::printf("forward: %s\n", std::string(s.message()).c_str());
+      std::exit(1);
+    }
+    return std::chrono::duration<double, std::milli>(Clock::now() - a).count();
+  };
+  std::vector<double> d;
+  for (int it = 0; it < iters + 3; ++it) {
+    const double a = forward_ms(one), b = forward_ms(two);
+    if (it >= 3) d.push_back(b - a);
+  }
+  std::sort(d.begin(), d.end());
+  std::printf("  (%s: layer quartiles %.4f / %.4f / %.4f ms)\n", what, d[d.size() / 4], d[d.size() / 2],
+              d[3 * d.size() / 4]);
+  return d[d.size() / 2];
+}
+
 // Collects one generation's result.
 class WaitSink : public GenerationSink {
  public:
@@ -335,29 +362,29 @@ void Layer8bTable(double bw) {
   ModelConfig c = *PresetConfig("llama-3-8b");
   c.vocab = 256;  // the LM head cancels in the difference anyway
   const int64_t bs = 16, per_seq = 2048 / bs + 1, per_seq64 = 128 / bs + 1;
-  double prefill[2], decode[2], decode64[2];
+  std::unique_ptr<ModelRunner> r[2];
   for (int layers = 1; layers <= 2; ++layers) {
     c.layers = layers;
-    std::unique_ptr<ModelRunner> r = MakeRunner(c, 4096, std::max(2 * per_seq, 64 * per_seq64) + 16, bs);
-    Batch pre(2, 0, 2048, per_seq, c.vocab);
-    prefill[layers - 1] = MedianForwardMs(*r, pre.seqs, 20);
-    Batch dec(1, 2047, 1, per_seq, c.vocab);
-    decode[layers - 1] = MedianForwardMs(*r, dec.seqs);
-    Batch dec64(64, 127, 1, per_seq64, c.vocab);  // 64 sequences: the skinny / cuBLASLt rows
-    decode64[layers - 1] = MedianForwardMs(*r, dec64.seqs);
+    r[layers - 1] = MakeRunner(c, 4096, std::max(2 * per_seq, 64 * per_seq64) + 16, bs);
   }
+  std::printf(
+      "\n3. one llama-3-8b layer (Forward of 2 layers - 1 layer, run alternately, median of the differences)\n");
+  Batch pre(2, 0, 2048, per_seq, c.vocab);
+  Batch dec(1, 2047, 1, per_seq, c.vocab);
+  Batch dec64(64, 127, 1, per_seq64, c.vocab);  // 64 sequences: the skinny / cuBLASLt rows
+  const double pf_ms = MedianLayerMs(*r[0], *r[1], pre.seqs, 30, "prefill");
+  const double dc_ms = MedianLayerMs(*r[0], *r[1], dec.seqs, 50, "decode B=1");
+  const double dc64_ms = MedianLayerMs(*r[0], *r[1], dec64.seqs, 50, "decode B=64");
   // One layer's weights (bf16) and, for decode, its K/V of 2048 positions.
   c.layers = 1;
   const double layer_w = (static_cast<double>(c.NumParameters()) - 2.0 * c.vocab * c.hidden - c.hidden) * 2;
   const double kv = 2048.0 * c.kv_dim() * 2 * 2;
   const double pf_flops =
       2.0 * 4096 * layer_w / 2 + 4.0 * 2 * 2048.0 * 2048 / 2 * c.q_dim();  // GEMMs + causal attention
-  const double pf_ms = prefill[1] - prefill[0], dc_ms = decode[1] - decode[0];
-  std::printf("\n3. one llama-3-8b layer (Forward of 2 layers - 1 layer)\n");
   std::printf("prefill B=2 S=2048: %.3f ms (%.0f TFLOP/s)\n", pf_ms, pf_flops / (pf_ms * 1e-3) / 1e12);
   std::printf("decode B=1 ctx=2048: %.1f us (floor %.1f us at copy bandwidth, %.1f%%)\n", dc_ms * 1e3,
               (layer_w + kv) / bw * 1e6, 100.0 * (layer_w + kv) / bw * 1e3 / dc_ms);
-  const double dc64_ms = decode64[1] - decode64[0], kv64 = 64 * 128.0 * c.kv_dim() * 2 * 2;
+  const double kv64 = 64 * 128.0 * c.kv_dim() * 2 * 2;
   std::printf("decode B=64 ctx=128: %.1f us (floor %.1f us at copy bandwidth, %.1f%%)\n", dc64_ms * 1e3,
               (layer_w + kv64) / bw * 1e6, 100.0 * (layer_w + kv64) / bw * 1e3 / dc64_ms);
 }

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/config.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/env_knob.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/linear.h"
@@ -39,7 +40,12 @@ std::vector<SwigluMlpConfig> SwigluMlpCandidates(DType dtype, int64_t M, int64_t
 
 namespace {
 
-constexpr int64_t kHopperSwigluMinM = 256;  // rows from which the built-in rule takes the fused Hopper gate
+// Rows from which the built-in rule takes the fused Hopper gate
+// (FUSEDSERVE_SWIGLU_FUSED_MIN_M: A/B; a large value keeps cuBLASLt + pass).
+int64_t HopperSwigluMinM() {
+  static const int64_t m = cuda::EnvKnob("FUSEDSERVE_SWIGLU_FUSED_MIN_M", 1, 1 << 30, 256);
+  return m;
+}
 
 LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const void* x, const void* gate_up, void* h,
                             const SwigluMlpConfig& c) {
@@ -55,7 +61,7 @@ LinearPath ChooseSwigluPath(DType dt, int64_t M, int64_t D, int64_t I, const voi
   if (skinny_ok && cuda::SkinnyGemmByDefault(M, I, D, true)) return LinearPath::kSkinny;
   // From a few hundred rows the fused gate beats cuBLASLt plus the SwiGLU
   // pass (the [M,2I] intermediate never reaches device memory).
-  if (M >= kHopperSwigluMinM && cuda::HopperSwigluSupported(dt, M, D, I, x, gate_up, h)) return LinearPath::kHopper;
+  if (M >= HopperSwigluMinM() && cuda::HopperSwigluSupported(dt, M, D, I, x, gate_up, h)) return LinearPath::kHopper;
   return LinearPath::kGemm;
 }
 

@@ -10,9 +10,10 @@
 // the producer to the consumers (128 fp32 accumulators each). The epilogue
 // packs silu(gate) * up into registers, starts the next tile's wgmmas, and
 // only then writes the packed h tile to swizzled shared memory and issues
-// its TMA stores, which overlap that tile's main loop. Persistent grid (one CTA per SM) walking the tiles
-// row-fastest in groups (TileOrigin), so the CTAs of a wave share tiles in
-// L2; the producer prefetches the next tile while the consumers store.
+// its TMA stores, which overlap that tile's main loop. Persistent grid (one
+// CTA per SM) walking the tiles row-fastest in groups (TileOrigin), so the
+// CTAs of a wave share tiles in L2; the producer prefetches the next tile
+// while the consumers finish the last one.
 // Optional 2-CTA clusters share the weight tile by TMA multicast (off by
 // default: measured slower, see swiglu_hopper.h).
 #include <cuda.h>

@@ -171,17 +171,23 @@ struct Batch {
   }
 };
 
+// Wall time of one Forward, ms; a failed Forward ends the benchmark.
+double ForwardMs(ModelRunner& r, const std::vector<SeqForward>& batch, ForwardOutput* out) {
+  auto a = Clock::now();
+  if (absl::Status s = r.Forward(batch, out); !s.ok()) {
+    std::printf("forward: %s\n", std::string(s.message()).c_str());
+    std::exit(1);
+  }
+  return std::chrono::duration<double, std::milli>(Clock::now() - a).count();
+}
+
 // Median wall time of Forward over `iters` steps after 5 warm-up steps, ms.
 double MedianForwardMs(ModelRunner& r, const std::vector<SeqForward>& batch, int iters = 50) {
   ForwardOutput out;
   std::vector<double> ms;
   for (int it = 0; it < iters + 5; ++it) {
-    auto a = Clock::now();
-    if (absl::Status s = r.Forward(batch, &out); !s.ok()) {
-      std::printf("forward: %s\n", std::string(s.message()).c_str());
-      std::exit(1);
-    }
-    if (it >= 5) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+    const double t = ForwardMs(r, batch, &out);
+    if (it >= 5) ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
@@ -194,17 +200,9 @@ double MedianForwardMs(ModelRunner& r, const std::vector<SeqForward>& batch, int
 double MedianLayerMs(ModelRunner& one, ModelRunner& two, const std::vector<SeqForward>& batch, int iters,
                      const char* what) {
   ForwardOutput out;
-  auto forward_ms = [&](ModelRunner& r) {
-    auto a = Clock::now();
-    if (absl::Status s = r.Forward(batch, &out); !s.ok()) {
-      std::printf("forward: %s\n", std::string(s.message()).c_str());
-      std::exit(1);
-    }
-    return std::chrono::duration<double, std::milli>(Clock::now() - a).count();
-  };
   std::vector<double> d;
   for (int it = 0; it < iters + 3; ++it) {
-    const double a = forward_ms(one), b = forward_ms(two);
+    const double a = ForwardMs(one, batch, &out), b = ForwardMs(two, batch, &out);
     if (it >= 3) d.push_back(b - a);
   }
   std::sort(d.begin(), d.end());

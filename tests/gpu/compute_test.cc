@@ -444,9 +444,9 @@ TEST_F(ComputeTest, AttentionPrefillHopperVarlen) {
   CheckPrefill({DType::kF16, mix, 8, 1, 64, true}, 966, kHopperConfigs);
   CheckPrefill({DType::kF16, mix, 4, 4, 64, false}, 969, kHopperConfigs);
   CheckPrefill({DType::kBF16, {4097, 65, 1, 64}, 4, 1, 128, true}, 972, kHopperConfigs);
-  // Sixteen waves of tiles on 132 SMs, a third of them past their sequence:
-  // the dynamic tile scheduler's counters taken, reset by the launch's last
-  // CTA and taken again by the next config's launch.
+  // Sixteen waves of tiles on 132 SMs, nearly half of them past their sequence
+  // (the persistent CTAs' tile order skips those), each config after the
+  // other on one stream.
   CheckPrefill({DType::kBF16, {2048, 1500, 700, 64}, 32, 8, 128, true}, 975,
                {"", "h128.s2.o1.e1.q2", "h128.s2.o0.e1", "h128.s2.o2.e1"});
 }

@@ -449,6 +449,9 @@ TEST_F(ComputeTest, AttentionPrefillHopperVarlen) {
   // other on one stream.
   CheckPrefill({DType::kBF16, {2048, 1500, 700, 64}, 32, 8, 128, true}, 975,
                {"", "h128.s2.o1.e1.q2", "h128.s2.o0.e1", "h128.s2.o2.e1"});
+  // The same at head dim 64 (its default is the in-order schedule, which
+  // takes the next tile at a different point of the tile).
+  CheckPrefill({DType::kF16, {2048, 1500, 700, 64}, 32, 8, 64, true}, 978, {"", "h128.s2.o1.e1.q2", "h128.s2.o0.e1"});
 }
 
 // ---- attention of later chunks (AttentionParams::k_starts) ---------------------

@@ -37,6 +37,13 @@ if [ -x "$b/bin/gemv_fused_test" ]; then
   FUSEDSERVE_SKINNY_HOPPER_DOWN=0 timeout 300 "$b/bin/gemv_fused_test" > "$out/gemv_fused_test.register.log" 2>&1
   summary "gemv_fused_test (register kernels)" "$out/gemv_fused_test.register.log" $?
 fi
+# The Hopper prefill attention's static tile order (its dynamic scheduler's
+# way out), once more with it forced.
+if [ -x "$b/bin/compute_test" ]; then
+  FUSEDSERVE_ATTN_TILE_SCHED=0 timeout 300 "$b/bin/compute_test" --gtest_filter='*AttentionPrefillHopper*' \
+    > "$out/compute_test.static_tiles.log" 2>&1
+  summary "compute_test (Hopper attention, static tile order)" "$out/compute_test.static_tiles.log" $?
+fi
 # The backend's completion wait on cudaStreamQuery (the fallback where the
 # stream cannot write the lane's completion word), once more with it forced.
 if [ -x "$b/bin/cuda_backend_test" ]; then

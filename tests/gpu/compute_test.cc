@@ -601,6 +601,11 @@ TEST_F(ComputeTest, AttentionPrefillHopperChunks) {
   }
   CheckChunkPrefill({DType::kBF16, {{128, 1920}}, 8, 2, 64, true}, 1200, {""});
   CheckChunkPrefill({DType::kF16, {{1000, 300}, {0, 65}, {15, 1}}, 8, 1, 128, false}, 1203, {"", "h128.s3.o1.e1"});
+  // Several waves of tiles (the persistent CTAs' tile scheduler at work), at
+  // both head dims.
+  CheckChunkPrefill({DType::kBF16, {{128, 1920}, {1000, 700}, {0, 1024}}, 16, 4, 128, true}, 1206,
+                    {"", "h128.s2.o1.e1.q2", "h128.s2.o0.e1"});
+  CheckChunkPrefill({DType::kF16, {{128, 1920}, {1000, 700}, {0, 1024}}, 16, 4, 64, true}, 1209, {"", "h128.s2.o2.e1"});
 }
 
 TEST_F(ComputeTest, AttentionPrefillFp32) {

@@ -29,7 +29,9 @@
 #   fusedserve-lanes{1,2,4,8} (--cuda_small_op_lanes), fusedserve-noyield
 #   (FUSEDSERVE_WAIT_YIELD=0: the completion wait never yields its core),
 #   fusedserve-noflag (FUSEDSERVE_WAIT_FLAG=0: the wait polls cudaStreamQuery
-#   instead of the lane's completion word),
+#   instead of the lane's completion word), fusedserve-nostaged
+#   (FUSEDSERVE_STAGED_DECODE=0: tensors decoded into their own buffers and
+#   packed into the lane's staging memory, not into a pinned staging block),
 #   fusedserve-prev (one lane, no yield: the defaults before both),
 #   fusedserve-base[-inline|-nobatch] (the base build).
 set -uo pipefail
@@ -86,6 +88,7 @@ cmd[fusedserve-lanes1]="fusedserve $fs --cuda_small_op_lanes=1"
 cmd[fusedserve-noyield]="fusedserve $fs"
 cmd[fusedserve-prev]="fusedserve $fs --cuda_small_op_lanes=1"
 cmd[fusedserve-noflag]="fusedserve $fs"
+cmd[fusedserve-nostaged]="fusedserve $fs"
 cmd[fusedserve-poll]="fusedserve $fs"
 cmd[fusedserve-poll-zc]="fusedserve $fs"
 cmd[fusedserve-epoll1]="fusedserve $fs --grpc_poll_strategy=epoll1"
@@ -94,6 +97,7 @@ declare -A envs
 envs[fusedserve-nozc]="FUSEDSERVE_ZERO_COPY=0"
 envs[fusedserve-noyield]="FUSEDSERVE_WAIT_YIELD=0"
 envs[fusedserve-noflag]="FUSEDSERVE_WAIT_FLAG=0"  # the completion wait queries the stream instead
+envs[fusedserve-nostaged]="FUSEDSERVE_STAGED_DECODE=0"  # tensors decoded into their own strings, packed per launch
 envs[fusedserve-prev]="FUSEDSERVE_WAIT_YIELD=0"  # the defaults before lanes and the yielding wait
 # gRPC's poll() engine: each queue's pollset polls only its own connections
 # (epoll1, the default, has one epoll set that any polling thread may read).

@@ -28,6 +28,11 @@ class Backend {
   // (the CPU reference) polls `stop` between pieces and returns its status.
   virtual absl::StatusOr<TensorMap> Run(const OpRequest& request, const StopCheck& stop) = 0;
   absl::StatusOr<TensorMap> Run(const OpRequest& request) { return Run(request, StopCheck()); }
+  // A staging block of at least `bytes` that nothing else holds, for a
+  // request to be decoded into (see StagingBlock), or null: this backend
+  // has none (CPU), the size is past what it stages, or the calling thread
+  // holds too many already. Then the tensors own their bytes as usual.
+  virtual std::shared_ptr<StagingBlock> TakeStaging(size_t bytes) { return nullptr; }
 };
 
 // Where the last Backend::Run on this thread spent its time, for the server's

@@ -10,10 +10,18 @@ int64_t HostTensor::numel() const {
   return n;
 }
 
+void HostTensor::Own() {
+  if (view == nullptr) return;
+  data.assign(view, view_size);
+  view = nullptr;
+  view_size = 0;
+  block.reset();
+}
+
 std::vector<float> HostTensor::ToFloat() const {
   const int64_t n = numel();
   std::vector<float> out(n);
-  const char* p = data.data();
+  const char* p = bytes().data();
   switch (dtype) {
     case DType::kF32:
       std::memcpy(out.data(), p, n * 4);
@@ -52,12 +60,13 @@ std::vector<int64_t> HostTensor::ToInt64() const {
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(floats[i]);
     return out;
   }
+  const char* p = bytes().data();
   for (int64_t i = 0; i < n; ++i) {
     if (dtype == DType::kI64) {
-      std::memcpy(&out[i], data.data() + 8 * i, 8);
+      std::memcpy(&out[i], p + 8 * i, 8);
     } else {
       int32_t v;
-      std::memcpy(&v, data.data() + 4 * i, 4);
+      std::memcpy(&v, p + 4 * i, 4);
       out[i] = v;
     }
   }

@@ -3,18 +3,47 @@
 // request's payload can be moved in without a copy.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/dtype.h"
 
 namespace fusedserve {
 
+// Host memory that a backend's kernels address in place (CUDA: pinned memory
+// mapped into the device's address space). A FusedOp request's tensors are
+// decoded straight into one, so no copy sits between the wire and the kernel,
+// and the kernel writes its outputs after them. A block serves one request
+// at a time: the tensors that point into it hold it (shared_ptr), and the
+// pool that made it hands it out again once none does (Backend::TakeStaging).
+struct StagingBlock {
+  char* host = nullptr;
+  char* device = nullptr;  // the same bytes as kernels address them
+  size_t size = 0;
+  size_t used = 0;              // bytes from `host` that the decoded inputs occupy
+  bool outputs_placed = false;  // a launch has put its outputs after `used`
+};
+
 struct HostTensor {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  std::string data;  // numel() * DTypeSize(dtype) bytes
+  // numel() * DTypeSize(dtype) bytes, in `data` or, when `view` is set, in
+  // a staging block instead: read them through bytes().
+  std::string data;
+  const char* view = nullptr;  // into *block, view_size bytes
+  size_t view_size = 0;
+  std::shared_ptr<StagingBlock> block;  // keeps `view` alive
+
+  std::string_view bytes() const {
+    return view != nullptr ? std::string_view(view, view_size) : std::string_view(data);
+  }
+  size_t nbytes() const { return view != nullptr ? view_size : data.size(); }
+  // The bytes in `data` (copied out of the staging block if they were there).
+  void Own();
 
   // Product of the extents (1 for rank 0). Shapes are validated before use,
   // so this never overflows on tensors that reach a backend.

@@ -78,7 +78,7 @@ std::optional<BatchShape> BatchShapeOf(const OpRequest& r) {
       // Hash of the bytes (absl::Hash: ~10x faster than std::hash on long
       // strings, and seeded per process); requests are compared byte-wise
       // before they share a launch, so a collision never mixes weights.
-      absl::StrAppend(&key, "#", absl::Hash<absl::string_view>()(t.data));
+      absl::StrAppend(&key, "#", absl::Hash<absl::string_view>()(absl::string_view(t.bytes().data(), t.nbytes())));
     }
     key += "];";
   }
@@ -94,7 +94,7 @@ bool SameNonRowInputs(const OpRequest& a, const OpRequest& b) {
     if (IsConcat(*l, name)) continue;
     auto it = b.inputs.find(name);
     if (it == b.inputs.end() || it->second.dtype != t.dtype || it->second.shape != t.shape ||
-        it->second.data != t.data) {
+        it->second.bytes() != t.bytes()) {
       return false;
     }
   }
@@ -128,10 +128,10 @@ OpRequest MergeRequests(const std::vector<OpRequest*>& parts) {
     for (const OpRequest* p : parts) {
       const HostTensor& pt = p->in(name);
       rows += RowsOf(l, pt);
-      bytes += pt.data.size();
+      bytes += pt.nbytes();
     }
     cat.data.reserve(bytes);
-    for (const OpRequest* p : parts) cat.data += p->in(name).data;
+    for (const OpRequest* p : parts) cat.data += p->in(name).bytes();
     cat.shape = {rows};
     for (int64_t d : TrailingShape(l, t)) cat.shape.push_back(d);
     m.inputs[name] = std::move(cat);
@@ -152,6 +152,7 @@ absl::StatusOr<std::vector<TensorMap>> SplitOutputs(const std::vector<OutputLayo
   for (const OutputLayout& p : parts) total_rows += p.rows;
   if (total_rows <= 0) return absl::InternalError("batcher: merged launch has no rows");
   for (auto& [name, t] : merged) {
+    t.Own();  // a merged launch's outputs are its own, but a lone request's may be staged
     if (t.data.size() % static_cast<size_t>(total_rows) != 0) {
       return absl::InternalError(absl::StrCat("batcher: output '", name, "' has ", t.data.size(),
                                               " bytes, not a multiple of ", total_rows, " rows"));

@@ -24,7 +24,7 @@ absl::Status CheckRunnable(const OpTask& task, absl::Time now) {
 
 int64_t QueuedBytes(const OpRequest& request) {
   int64_t bytes = 0;
-  for (const auto& [name, t] : request.inputs) bytes += static_cast<int64_t>(t.data.size());
+  for (const auto& [name, t] : request.inputs) bytes += static_cast<int64_t>(t.nbytes());
   return bytes;
 }
 

@@ -76,6 +76,19 @@ class Reader {
     }
     return true;
   }
+  // Copies the next n bytes to `dst` (a staging block).
+  bool Copy(size_t n, char* dst) {
+    while (n > 0) {
+      if (cur_ == lim_ && !Advance()) return false;
+      const size_t k = std::min(n, static_cast<size_t>(lim_ - cur_));
+      std::memcpy(dst, cur_, k);
+      dst += k;
+      cur_ += k;
+      pos_ += k;
+      n -= k;
+    }
+    return true;
+  }
   bool Skip(size_t n) {
     while (n > 0) {
       if (cur_ == lim_ && !Advance()) return false;
@@ -150,8 +163,12 @@ bool Tag(Reader& r, uint32_t* field, uint32_t* wire_type) {
   return *field != 0;
 }
 
-// A Tensor message ending at `end`.
-bool ParseTensor(Reader& r, size_t end, WireFusedOp::Input* in) {
+// Where a tensor's bytes go in a staging block: aligned as the kernels'
+// vector loads want, after what is there.
+constexpr size_t kStagingAlign = 256;
+
+// A Tensor message ending at `end`; its bytes into `staging` where they fit.
+bool ParseTensor(Reader& r, size_t end, WireFusedOp::Input* in, const std::shared_ptr<StagingBlock>& staging) {
   HostTensor& t = in->tensor;
   while (r.pos() < end) {
     uint32_t field = 0, wt = 0;
@@ -174,8 +191,20 @@ bool ParseTensor(Reader& r, size_t end, WireFusedOp::Input* in) {
     } else if (field == 3 && wt == kLen) {
       if (!r.Length(end, &n, &field_end)) return false;
       t.data.clear();
-      t.data.reserve(n);
-      if (!r.Append(n, &t.data)) return false;
+      t.view = nullptr;
+      t.view_size = 0;
+      t.block.reset();
+      const size_t at = staging == nullptr ? 0 : (staging->used + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+      if (n > 0 && staging != nullptr && at + n <= staging->size) {
+        if (!r.Copy(n, staging->host + at)) return false;
+        staging->used = at + n;
+        t.view = staging->host + at;
+        t.view_size = n;
+        t.block = staging;
+      } else {
+        t.data.reserve(n);
+        if (!r.Append(n, &t.data)) return false;
+      }
     } else if (field <= 3) {
       return false;  // a known field with another wire type: protobuf decides
     } else if (!SkipField(r, end, wt)) {
@@ -187,11 +216,13 @@ bool ParseTensor(Reader& r, size_t end, WireFusedOp::Input* in) {
 }
 
 // A map<string, Tensor> entry ending at `end`.
-bool ParseInputEntry(Reader& r, size_t end, WireFusedOp::Input* in) {
+bool ParseInputEntry(Reader& r, size_t end, WireFusedOp::Input* in, const std::shared_ptr<StagingBlock>& staging) {
   in->name.clear();
   in->dtype = 0;
   in->tensor.shape.clear();
   in->tensor.data.clear();
+  in->tensor.view = nullptr;
+  in->tensor.block.reset();
   bool value_seen = false;
   while (r.pos() < end) {
     uint32_t field = 0, wt = 0;
@@ -202,7 +233,7 @@ bool ParseInputEntry(Reader& r, size_t end, WireFusedOp::Input* in) {
     } else if (field == 2 && wt == kLen) {
       if (value_seen) return false;  // protobuf merges the two
       value_seen = true;
-      if (!r.Length(end, &n, &field_end) || !ParseTensor(r, field_end, in)) return false;
+      if (!r.Length(end, &n, &field_end) || !ParseTensor(r, field_end, in, staging)) return false;
     } else if (field <= 2) {
       return false;
     } else if (!SkipField(r, end, wt)) {
@@ -303,7 +334,7 @@ size_t TensorSize(const HostTensor& t) {
   const uint64_t dtype = static_cast<uint64_t>(ToProtoDType(t.dtype));
   size_t n = dtype != 0 ? 1 + VarintSize(dtype) : 0;
   if (!t.shape.empty()) n += 1 + VarintSize(ShapeBytes(t)) + ShapeBytes(t);
-  if (!t.data.empty()) n += 1 + VarintSize(t.data.size()) + t.data.size();
+  if (t.nbytes() > 0) n += 1 + VarintSize(t.nbytes()) + t.nbytes();
   return n;
 }
 
@@ -316,9 +347,20 @@ size_t EntrySize(const std::string& name, const HostTensor& t) {
   return 1 + VarintSize(name.size()) + name.size() + 1 + VarintSize(tensor) + tensor;
 }
 
+// A tensor in a staging block is copied into the response (it goes back to
+// its pool once the call is answered); others of kLendBytes or more are lent.
+bool Lends(const HostTensor& t) { return t.view == nullptr && t.data.size() >= kLendBytes; }
+
 }  // namespace
 
-bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out) {
+void WireFusedOp::DropStaging() {
+  for (Input& in : inputs) {
+    in.tensor.view = nullptr;
+    in.tensor.block.reset();
+  }
+}
+
+bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out, const std::shared_ptr<StagingBlock>& staging) {
   // The slices, held (refs, not bytes) in a vector each thread reuses.
   static thread_local std::vector<grpc::Slice> slices;
   slices.clear();
@@ -336,7 +378,7 @@ bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out) {
     } else if (field == 2 && wt == kLen) {
       if (out->n_inputs == out->inputs.size()) out->inputs.emplace_back();
       WireFusedOp::Input& in = out->inputs[out->n_inputs];
-      if (!r.Length(end, &n, &field_end) || !ParseInputEntry(r, field_end, &in)) return false;
+      if (!r.Length(end, &n, &field_end) || !ParseInputEntry(r, field_end, &in, staging)) return false;
       for (size_t i = 0; i < out->n_inputs; ++i) {
         if (out->inputs[i].name == in.name) return false;  // protobuf: the last one wins
       }
@@ -376,14 +418,18 @@ absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& p, const ValidationLi
     WireFusedOp::Input& in = p.inputs[i];
     HostTensor& t = in.tensor;
     if (absl::Status s =
-            CheckWireTensor(in.dtype, t.shape.data(), static_cast<int>(t.shape.size()), t.data.size(), in.name, limits);
+            CheckWireTensor(in.dtype, t.shape.data(), static_cast<int>(t.shape.size()), t.nbytes(), in.name, limits);
         !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(r.op, ": ", s.message()));
     }
     HostTensor& dst = r.inputs[in.name];
     dst.dtype = FromProtoDType(static_cast<v1::DType>(in.dtype));
     dst.shape = t.shape;    // the wire copy keeps its capacity for the next call
-    dst.data.swap(t.data);  // the bytes move
+    dst.data.swap(t.data);  // the bytes move (or the staging block's view does)
+    dst.view = t.view;
+    dst.view_size = t.view_size;
+    dst.block = std::move(t.block);
+    t.view = nullptr;
   }
   for (size_t i = 0; i < p.n_attrs; ++i) {
     WireFusedOp::Attr& a = p.attrs[i];
@@ -406,7 +452,7 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
   for (const auto& [name, t] : outputs) {
     const size_t entry = EntrySize(name, t);
     framing += 1 + VarintSize(entry) + entry;
-    if (t.data.size() >= kLendBytes) {
+    if (Lends(t)) {
       framing -= t.data.size();
       ++lent;
     }
@@ -446,7 +492,7 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
       p = PutVarint(p, ShapeBytes(t));
       for (int64_t d : t.shape) p = PutVarint(p, static_cast<uint64_t>(d));
     }
-    if (t.data.size() >= kLendBytes) {
+    if (Lends(t)) {
       *p++ = 0x1a;
       p = PutVarint(p, t.data.size());
       cut();
@@ -458,8 +504,8 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
                               },
                               owner),
                           grpc::Slice::STEAL_REF);
-    } else if (!t.data.empty()) {
-      p = PutBytes(p, 0x1a, t.data.data(), t.data.size());
+    } else if (t.nbytes() > 0) {
+      p = PutBytes(p, 0x1a, t.bytes().data(), t.nbytes());
     }
   }
   if (!backend.empty()) p = PutBytes(p, 0x12, backend.data(), backend.size());

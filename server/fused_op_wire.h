@@ -2,8 +2,10 @@
 // fusedserve.v1.FusedOpRequest) decoded straight from gRPC's slices into an
 // OpRequest, and the response encoded straight from the output tensors, with
 // no protobuf message in between: each tensor's bytes are copied once on the
-// way in (slices -> the tensor's buffer) and not at all on the way out (a
-// large output tensor's buffer is lent to gRPC as a slice of the response).
+// way in (slices -> the tensor's buffer, or the backend's staging block,
+// which the kernel then reads in place) and once at most on the way out (a
+// large output tensor's own buffer is lent to gRPC as a slice of the
+// response; outputs left in a staging block are copied into it).
 //
 // The decoder takes the common shape of a body and leaves the rest to
 // protobuf (the reference): a string that is not plain ASCII (protobuf checks
@@ -14,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,10 +44,17 @@ struct WireFusedOp {
   std::vector<Input> inputs;
   std::vector<Attr> attrs;
   size_t n_inputs = 0, n_attrs = 0;  // entries in use
+
+  // Lets go of the staging block, whose pool reuses it once no tensor holds it.
+  void DropStaging();
 };
 
 // Parses `body` into `out`; false when it is left to protobuf (see above).
-bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out);
+// With `staging`, tensor bytes go into that block where they fit (the
+// tensors' views, moved into the OpRequest by validation; see StagingBlock),
+// else into the tensors' own strings.
+bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out,
+                      const std::shared_ptr<StagingBlock>& staging = nullptr);
 
 // TakeValidatedFusedOp on a parsed request (its tensors' bytes are moved).
 absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& parsed, const ValidationLimits& limits);

@@ -474,8 +474,17 @@ absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffe
   if (options_.wire_codec) {
     // Straight from the slices (server/fused_op_wire.h); bodies it leaves
     // to protobuf take the path below.
+    // The tensors go straight into the backend's staging memory where it
+    // has some (CUDA: pinned, read in place by small kernels). Inputs take at
+    // most the body's size and the outputs of the ops that stay there as
+    // much again, plus each tensor's alignment.
     static thread_local WireFusedOp wire;
-    if (ParseFusedOpWire(raw_request, &wire)) {
+    struct Drop {
+      WireFusedOp& w;
+      ~Drop() { w.DropStaging(); }  // the block goes with the request, not the thread
+    } drop{wire};
+    const size_t body = raw_request.Length();
+    if (ParseFusedOpWire(raw_request, &wire, backend_->TakeStaging(2 * body + 4096))) {
       const absl::Time received = FastNow();
       metrics_->RecordStage(Metrics::Stage::kReceive, absl::ToDoubleSeconds(received - start));
       if (FindOpSpec(wire.op) != nullptr) *op = wire.op;

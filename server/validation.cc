@@ -118,12 +118,14 @@ absl::StatusOr<HostTensor> TakeTensorFromProto(v1::Tensor& t, const std::string&
 void TensorToProto(const HostTensor& t, v1::Tensor* out) {
   out->set_dtype(ToProtoDType(t.dtype));
   for (int64_t d : t.shape) out->add_shape(d);
-  out->set_data(t.data);
+  const std::string_view bytes = t.bytes();
+  out->set_data(bytes.data(), bytes.size());
 }
 
 void TensorToProto(HostTensor&& t, v1::Tensor* out) {
   out->set_dtype(ToProtoDType(t.dtype));
   for (int64_t d : t.shape) out->add_shape(d);
+  t.Own();
   out->set_data(std::move(t.data));
 }
 

@@ -204,6 +204,89 @@ struct Slot {
   size_t bytes;
 };
 
+// `m` set to the slots' tensors, its nodes (and their shapes' memory)
+// reused where the names repeat from the last call.
+void FillTensorMap(const std::vector<Slot>& slots, DeviceTensorMap* m) {
+  for (auto it = m->begin(); it != m->end();) {
+    const bool kept = std::any_of(slots.begin(), slots.end(), [&](const Slot& s) { return s.name == it->first; });
+    it = kept ? std::next(it) : m->erase(it);
+  }
+  for (const Slot& slot : slots) {
+    DeviceTensor& t = (*m)[slot.name];
+    t.dtype = slot.t.dtype;
+    t.shape.assign(slot.t.shape.begin(), slot.t.shape.end());
+    t.data = slot.t.data;
+  }
+}
+
+// Staging blocks (Backend::TakeStaging): mapped pinned memory, per thread
+// (taking one costs no lock), reused once no tensor holds one. A thread holds
+// at most kStagingBlocksPerThread (its calls in flight: one at c=1).
+struct PinnedStagingBlock : StagingBlock {
+  PinnedBuffer buffer;
+};
+constexpr size_t kStagingMinBytes = 64 << 10;
+constexpr size_t kStagingBlocksPerThread = 8;
+
+bool StagedDecode() {
+  static const bool on = cuda::EnvKnob("FUSEDSERVE_STAGED_DECODE", 0, 1, 1) != 0;
+  return on;
+}
+
+std::shared_ptr<StagingBlock> TakeStagingBlock(int device, size_t bytes) {
+  static thread_local std::vector<std::shared_ptr<PinnedStagingBlock>> pool;
+  std::shared_ptr<PinnedStagingBlock>* small = nullptr;  // a free block too small to use
+  for (std::shared_ptr<PinnedStagingBlock>& b : pool) {
+    if (b.use_count() != 1) continue;
+    // Its last holder has dropped it (and the GPU, waited for, is done with it).
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (b->size >= bytes) {
+      b->used = 0;
+      b->outputs_placed = false;
+      return b;
+    }
+    small = &b;
+  }
+  if (small == nullptr && pool.size() >= kStagingBlocksPerThread) return nullptr;
+  size_t size = kStagingMinBytes;
+  while (size < bytes) size *= 2;
+  auto b = std::make_shared<PinnedStagingBlock>();
+  if (cudaSetDevice(device) != cudaSuccess || !b->buffer.Allocate(size).ok()) {
+    cudaGetLastError();
+    return nullptr;  // the request's tensors own their bytes instead
+  }
+  b->host = b->buffer.as<char>();
+  b->device = static_cast<char*>(b->buffer.device());
+  b->size = size;
+  if (small != nullptr) {
+    *small = b;
+  } else {
+    pool.push_back(b);
+  }
+  return b;
+}
+
+// The block that all of a zero-copy request's inputs (laid out in `inputs`)
+// were decoded into, with room after them for the inputs the device takes
+// in another dtype (index tensors sent as I64) and `out_bytes` of outputs:
+// the launch then reads and writes it in place. Null when any input is
+// elsewhere, or a launch has already placed its outputs there.
+const std::shared_ptr<StagingBlock>* StagedBlock(const OpRequest& r, const std::vector<Slot>& inputs,
+                                                 size_t out_bytes) {
+  const std::shared_ptr<StagingBlock>* block = nullptr;
+  size_t room = out_bytes;
+  for (const Slot& slot : inputs) {
+    const HostTensor& t = r.in(slot.name);
+    if (t.view == nullptr || t.block == nullptr || (block != nullptr && t.block != *block)) return nullptr;
+    if (slot.t.dtype != t.dtype) room += AlignUp(slot.bytes);
+    block = &t.block;
+  }
+  if (block == nullptr) return nullptr;
+  const StagingBlock& b = **block;
+  if (b.outputs_placed || AlignUp(b.used) + room > b.size) return nullptr;
+  return block;
+}
+
 class CudaBackend : public Backend {
  public:
   CudaBackend(int device, std::string name, std::vector<std::unique_ptr<Lane>> lanes)
@@ -216,6 +299,11 @@ class CudaBackend : public Backend {
   using Backend::Run;
   std::string name() const override { return "cuda"; }
   std::string device_name() const override { return name_; }
+  std::shared_ptr<StagingBlock> TakeStaging(size_t bytes) override {
+    // Worth it only where the launch will read the block in place.
+    if (!StagedDecode() || bytes > 2 * ZeroCopyLimit() + kStagingMinBytes) return nullptr;
+    return TakeStagingBlock(device_, bytes);
+  }
 
   // GPU work is bounded by the cost limits (--max_op_flops) rather than
   // interrupted: one launch runs milliseconds at most, so `stop` is not polled.
@@ -224,49 +312,73 @@ class CudaBackend : public Backend {
     const DType dt = RequestDType(r);
 
     // Lay out inputs then outputs in one buffer; index inputs become I32.
-    // (Per-thread vectors: no allocation per call once they have grown.)
+    // (Per-thread slots and maps, filled in place: a run of one op
+    // allocates nothing here once they have grown.)
     static thread_local std::vector<Slot> inputs, outputs;
-    inputs.clear();
-    outputs.clear();
+    static thread_local DeviceTensorMap din, dout;
+    inputs.resize(r.inputs.size());
     size_t total = 0;
-    for (const auto& entry : r.inputs) {
-      const std::string& name = entry.first;
-      DeviceTensor t = DeviceInput(r, name);
-      const size_t bytes = t.numel() * DTypeSize(t.dtype);
-      inputs.push_back({name, t, total, bytes});
-      total += AlignUp(bytes);
+    auto place = [&total](Slot& slot, const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+      slot.name = name;
+      slot.t.dtype = dtype;
+      slot.t.shape.assign(shape.begin(), shape.end());
+      slot.offset = total;
+      slot.bytes = slot.t.numel() * DTypeSize(dtype);
+      total += AlignUp(slot.bytes);
+    };
+    size_t i = 0;
+    for (const auto& [name, t] : r.inputs) {
+      place(inputs[i++], name, r.spec != nullptr && r.spec->is_index(name) ? DType::kI32 : t.dtype, t.shape);
     }
     const size_t out_begin = total;
-    for (const auto& [name, shape] : OutputShapes(r)) {
-      DeviceTensor t{dt, shape, nullptr};
-      const size_t bytes = t.numel() * DTypeSize(dt);
-      outputs.push_back({name, t, total, bytes});
-      total += AlignUp(bytes);
-    }
+    const OutputShapeList shapes = OutputShapes(r);
+    outputs.resize(shapes.size());
+    i = 0;
+    for (const auto& [name, shape] : shapes) place(outputs[i++], name, dt, shape);
     const bool zero_copy = total <= ZeroCopyLimit() && r.spec != nullptr && r.spec->memory_bound;
+    // Inputs decoded into a staging block are read in place and the outputs
+    // written after them: no packing, no unpacking (see StagingBlock).
+    const std::shared_ptr<StagingBlock>* staged = zero_copy ? StagedBlock(r, inputs, total - out_begin) : nullptr;
     std::unique_lock<std::mutex> lock;
     Lane& lane = zero_copy ? TakeAnyLane(&lock) : TakeLane(0, &lock);
     if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device_)); !s.ok()) return CudaToAbsl(s);
     void* dev = nullptr;
     char* host = nullptr;
     char* host_dev = nullptr;  // `host` as kernels address it
-    if (!zero_copy) {
-      if (CudaStatus s = lane.arena.Get(std::max<size_t>(total, kAlign), &dev); !s.ok()) return CudaToAbsl(s);
+    if (staged != nullptr) {
+      // Converted inputs, then the outputs, right after the decoded inputs.
+      StagingBlock& b = **staged;
+      b.outputs_placed = true;
+      size_t at = AlignUp(b.used);
+      for (Slot& slot : inputs) {
+        if (slot.t.dtype == r.in(slot.name).dtype) continue;
+        slot.offset = at;
+        at += AlignUp(slot.bytes);
+      }
+      for (Slot& slot : outputs) slot.offset += at - out_begin;
+      host = b.host;
+      host_dev = b.device;
+    } else {
+      if (!zero_copy) {
+        if (CudaStatus s = lane.arena.Get(std::max<size_t>(total, kAlign), &dev); !s.ok()) return CudaToAbsl(s);
+      }
+      if (CudaStatus s = lane.staging.Get(std::max<size_t>(total, kAlign), &host, &host_dev); !s.ok())
+        return CudaToAbsl(s);
     }
-    if (CudaStatus s = lane.staging.Get(std::max<size_t>(total, kAlign), &host, &host_dev); !s.ok())
-      return CudaToAbsl(s);
     if (zero_copy) dev = host_dev;
 
-    DeviceTensorMap din, dout;
     for (Slot& slot : inputs) {
-      WriteDeviceInput(r, slot.name, host + slot.offset);
-      slot.t.data = static_cast<char*>(dev) + slot.offset;
-      din[slot.name] = slot.t;
+      const HostTensor& src = r.in(slot.name);
+      if (staged != nullptr && slot.t.dtype == src.dtype) {  // read where it was decoded
+        slot.t.data = (*staged)->device + (src.view - (*staged)->host);
+      } else {
+        WriteDeviceInput(r, slot.name, host + slot.offset);
+        slot.t.data = static_cast<char*>(dev) + slot.offset;
+      }
     }
-    for (Slot& slot : outputs) {
-      slot.t.data = static_cast<char*>(dev) + slot.offset;
-      dout[slot.name] = slot.t;
-    }
+    for (Slot& slot : outputs) slot.t.data = static_cast<char*>(dev) + slot.offset;
+    FillTensorMap(inputs, &din);
+    FillTensorMap(outputs, &dout);
     cudaStream_t st = lane.ctx.stream;
     StageEvents& events = lane.events;
     const absl::Time packed = FastNow();
@@ -308,7 +420,13 @@ class CudaBackend : public Backend {
       HostTensor t;
       t.dtype = slot.t.dtype;
       t.shape = slot.t.shape;
-      t.data.assign(host + slot.offset, slot.bytes);
+      if (staged != nullptr) {  // left in the block, which the result now holds too
+        t.view = host + slot.offset;
+        t.view_size = slot.bytes;
+        t.block = *staged;
+      } else {
+        t.data.assign(host + slot.offset, slot.bytes);
+      }
       result[slot.name] = std::move(t);
     }
     BackendStageTimes& times = ThisThreadStageTimes();
@@ -379,7 +497,8 @@ void WriteDeviceInput(const OpRequest& r, const std::string& name, void* dst) {
       std::memcpy(out + 4 * i, &x, 4);
     }
   } else {
-    std::memcpy(dst, src.data.data(), src.data.size());
+    const std::string_view bytes = src.bytes();
+    std::memcpy(dst, bytes.data(), bytes.size());
   }
 }
 

@@ -46,6 +46,33 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> Cases() {
   };
 }
 
+HostTensor Tensor(DType dtype, std::vector<int64_t> shape, std::string bytes) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.data = std::move(bytes);
+  return t;
+}
+
+// A staging block in ordinary memory (the CUDA backend's are pinned).
+struct HeapBlock {
+  std::vector<char> bytes;
+  std::shared_ptr<StagingBlock> block = std::make_shared<StagingBlock>();
+  explicit HeapBlock(size_t size) : bytes(size) {
+    block->host = block->device = bytes.data();
+    block->size = size;
+  }
+};
+
+// The response's bytes, whatever its slicing.
+std::string Flatten(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(b.Dump(&slices).ok());
+  std::string s;
+  for (const grpc::Slice& x : slices) s.append(reinterpret_cast<const char*>(x.begin()), x.size());
+  return s;
+}
+
 std::string Serialize(const v1::FusedOpRequest& p) {
   std::string s;
   EXPECT_TRUE(p.SerializeToString(&s));
@@ -84,7 +111,7 @@ void ExpectSame(const OpRequest& a, const OpRequest& b) {
     ASSERT_TRUE(b.has(name)) << name;
     EXPECT_EQ(t.dtype, b.in(name).dtype) << name;
     EXPECT_EQ(t.shape, b.in(name).shape) << name;
-    EXPECT_TRUE(t.data == b.in(name).data) << name;
+    EXPECT_TRUE(t.bytes() == b.in(name).bytes()) << name;
   }
   EXPECT_EQ(a.attrs, b.attrs);
 }
@@ -104,6 +131,88 @@ TEST(FusedOpWire, EveryOpDecodesAsProtobufDoesWhateverTheSlicing) {
       }
     }
   }
+}
+
+// Decoded into a staging block: every tensor's bytes are a view into it,
+// aligned and in order, and the request (not the parser) holds the block.
+TEST(FusedOpWire, StagedDecodeIsTheSameRequestWithItsBytesInTheBlock) {
+  for (const auto& [op, key] : Cases()) {
+    const OpRequest r = MakeRandomRequest(op, DType::kBF16, key, 11);
+    const std::string bytes = Serialize(OpRequestToProto(r));
+    absl::StatusOr<OpRequest> want = ByProtobuf(bytes);
+    ASSERT_TRUE(want.ok()) << op << ": " << want.status();
+    for (size_t piece : {size_t{0}, size_t{7}, size_t{1000}}) {
+      HeapBlock heap(2 * bytes.size() + 4096);
+      WireFusedOp wire;
+      ASSERT_TRUE(ParseFusedOpWire(Body(bytes, piece), &wire, heap.block)) << op;
+      absl::StatusOr<OpRequest> got = ValidateWireFusedOp(wire, ValidationLimits());
+      wire.DropStaging();
+      ASSERT_TRUE(got.ok()) << op << ": " << got.status();
+      ExpectSame(*got, *want);
+      size_t end = 0;
+      for (const auto& [name, t] : got->inputs) {
+        ASSERT_NE(t.view, nullptr) << op << " " << name;
+        EXPECT_TRUE(t.data.empty()) << op << " " << name;
+        EXPECT_EQ(t.block, heap.block);
+        const size_t at = static_cast<size_t>(t.view - heap.block->host);
+        EXPECT_EQ(at % 256, 0u) << op << " " << name;
+        end = std::max(end, at + t.view_size);
+      }
+      EXPECT_EQ(heap.block->used, end) << op;
+      EXPECT_EQ(heap.block.use_count(), 1 + static_cast<long>(got->inputs.size())) << op;
+      got->inputs.clear();
+      EXPECT_EQ(heap.block.use_count(), 1) << op;  // back to its pool
+    }
+  }
+}
+
+// Tensors that do not fit in the block own their bytes, as without one.
+TEST(FusedOpWire, StagedDecodeFallsBackToOwnedBytesPastTheBlock) {
+  const OpRequest r = MakeRandomRequest("add_rms_norm", DType::kF32, {4, 256}, 3);  // x, residual 4 KiB; weight 1 KiB
+  const std::string bytes = Serialize(OpRequestToProto(r));
+  HeapBlock heap(4096 + 512);  // room for one of the 4 KiB tensors and the weight
+  WireFusedOp wire;
+  ASSERT_TRUE(ParseFusedOpWire(Body(bytes), &wire, heap.block));
+  absl::StatusOr<OpRequest> got = ValidateWireFusedOp(wire, ValidationLimits());
+  wire.DropStaging();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSame(*got, r);
+  int staged = 0, owned = 0;
+  for (const auto& [name, t] : got->inputs) (t.view != nullptr ? staged : owned)++;
+  EXPECT_EQ(staged, 1);
+  EXPECT_EQ(owned, 2);
+  EXPECT_LE(heap.block->used, heap.block->size);
+}
+
+// Outputs left in a staging block are copied into the response, which
+// therefore does not hold the block, and reads as protobuf would write it.
+TEST(FusedOpWire, StagedOutputsAreCopiedIntoTheResponse) {
+  HeapBlock heap(1 << 16);
+  const std::string y(4096, '\x33');
+  std::memcpy(heap.block->host + 512, y.data(), y.size());
+  grpc::ByteBuffer out;
+  {
+    TensorMap outputs;
+    HostTensor t;
+    t.dtype = DType::kF32;
+    t.shape = {1024};
+    t.view = heap.block->host + 512;
+    t.view_size = y.size();
+    t.block = heap.block;
+    outputs["y"] = std::move(t);
+    EncodeFusedOpWire(std::move(outputs), "cuda", &out);
+  }
+  EXPECT_EQ(heap.block.use_count(), 1);
+  std::memset(heap.block->host, 0, heap.block->size);  // the pool may reuse it now
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(out.Dump(&slices).ok());
+  EXPECT_EQ(slices.size(), 1u);
+  v1::FusedOpResponse got;
+  ASSERT_TRUE(got.ParseFromString(Flatten(out)));
+  ASSERT_TRUE(got.outputs().count("y"));
+  EXPECT_EQ(got.outputs().at("y").data(), y);
+  EXPECT_EQ(got.outputs().at("y").shape_size(), 1);
+  EXPECT_EQ(got.backend(), "cuda");
 }
 
 // Bodies that parse but do not validate: the same status either way.
@@ -214,15 +323,6 @@ TEST(FusedOpWire, LeavesToProtobufWhatItDoesNotTake) {
   EXPECT_TRUE(ByWire(bytes).has_value());
 }
 
-// The response's bytes, whatever its slicing.
-std::string Flatten(const grpc::ByteBuffer& b) {
-  std::vector<grpc::Slice> slices;
-  EXPECT_TRUE(b.Dump(&slices).ok());
-  std::string s;
-  for (const grpc::Slice& x : slices) s.append(reinterpret_cast<const char*>(x.begin()), x.size());
-  return s;
-}
-
 TEST(FusedOpWire, ResponseParsesBackToTheMessageProtobufWouldWrite) {
   const OpRequest r = MakeRandomRequest("add_rms_norm", DType::kBF16, {3, 300}, 9);
   // Large tensors (y, residual_out: 1800 bytes each) are lent to gRPC as
@@ -233,8 +333,8 @@ TEST(FusedOpWire, ResponseParsesBackToTheMessageProtobufWouldWrite) {
       outputs["y"] = r.in("x");
       outputs["residual_out"] = r.in("residual");
     }
-    outputs["scalar"] = HostTensor{DType::kF32, {}, std::string(4, '\2')};
-    outputs["small"] = HostTensor{DType::kBF16, {3, 5}, std::string(30, '\7')};
+    outputs["scalar"] = Tensor(DType::kF32, {}, std::string(4, '\2'));
+    outputs["small"] = Tensor(DType::kBF16, {3, 5}, std::string(30, '\7'));
     grpc::ByteBuffer out;
     EncodeFusedOpWire(outputs, "cpu", &out);
     std::vector<grpc::Slice> slices;
@@ -264,7 +364,7 @@ TEST(FusedOpWire, LentOutputsOutliveTheirMapUntilTheResponseIsGone) {
   std::string expect;
   {
     TensorMap outputs;
-    outputs["y"] = HostTensor{DType::kF32, {1024}, std::string(4096, '\x5a')};
+    outputs["y"] = Tensor(DType::kF32, {1024}, std::string(4096, '\x5a'));
     expect = outputs["y"].data;
     EncodeFusedOpWire(std::move(outputs), "cuda", &out);
   }
@@ -302,9 +402,25 @@ TEST(FusedOpWire, DecodeAllocatesLessThanProtobuf) {
     ASSERT_TRUE(ok && b.ok());
     proto_allocs = g_allocations;
   }
-  std::printf("heap allocations per decode: wire codec %lld, protobuf %lld\n", static_cast<long long>(wire_allocs),
+  // Into a staging block: the tensors' own buffers are not allocated.
+  HeapBlock heap(2 * bytes.size() + 4096);
+  int64_t staged_allocs = 0;
+  for (int round = 0; round < 3; ++round) {
+    heap.block->used = 0;  // as the pool hands it out
+    g_allocations = 0;
+    g_counting = true;
+    const bool parsed = ParseFusedOpWire(body, &wire, heap.block);
+    absl::StatusOr<OpRequest> a = ValidateWireFusedOp(wire, ValidationLimits());
+    g_counting = false;
+    wire.DropStaging();
+    ASSERT_TRUE(parsed && a.ok());
+    staged_allocs = g_allocations;
+  }
+  std::printf("heap allocations per decode: wire codec %lld (into a staging block %lld), protobuf %lld\n",
+              static_cast<long long>(wire_allocs), static_cast<long long>(staged_allocs),
               static_cast<long long>(proto_allocs));
   EXPECT_LT(wire_allocs, proto_allocs);
+  EXPECT_LE(staged_allocs, wire_allocs - 2);  // x's and weight's buffers
 }
 
 }  // namespace

@@ -13,9 +13,7 @@ int64_t HostTensor::numel() const {
 void HostTensor::Own() {
   if (view == nullptr) return;
   data.assign(view, view_size);
-  view = nullptr;
-  view_size = 0;
-  block.reset();
+  ClearView();
 }
 
 std::vector<float> HostTensor::ToFloat() const {

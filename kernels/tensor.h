@@ -21,6 +21,10 @@ namespace fusedserve {
 // at a time: the tensors that point into it hold it (shared_ptr), and the
 // pool that made it hands it out again once none does (Backend::TakeStaging).
 struct StagingBlock {
+  // Where each tensor starts in a block: aligned as the kernels' vector loads want.
+  static constexpr size_t kAlign = 256;
+  static size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
   char* host = nullptr;
   char* device = nullptr;  // the same bytes as kernels address them
   size_t size = 0;
@@ -42,6 +46,14 @@ struct HostTensor {
     return view != nullptr ? std::string_view(view, view_size) : std::string_view(data);
   }
   size_t nbytes() const { return view != nullptr ? view_size : data.size(); }
+  // The bytes are `n` at `p`, inside `b` (`data` is left as it is).
+  void SetView(std::shared_ptr<StagingBlock> b, const char* p, size_t n) {
+    view = p;
+    view_size = n;
+    block = std::move(b);
+  }
+  // No view: the bytes are `data`'s again, and the block is let go.
+  void ClearView() { SetView(nullptr, nullptr, 0); }
   // The bytes in `data` (copied out of the staging block if they were there).
   void Own();
 

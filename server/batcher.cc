@@ -152,7 +152,7 @@ absl::StatusOr<std::vector<TensorMap>> SplitOutputs(const std::vector<OutputLayo
   for (const OutputLayout& p : parts) total_rows += p.rows;
   if (total_rows <= 0) return absl::InternalError("batcher: merged launch has no rows");
   for (auto& [name, t] : merged) {
-    t.Own();  // a merged launch's outputs are its own, but a lone request's may be staged
+    t.Own();  // outputs may be views into a staging block; the split works on owned bytes
     if (t.data.size() % static_cast<size_t>(total_rows) != 0) {
       return absl::InternalError(absl::StrCat("batcher: output '", name, "' has ", t.data.size(),
                                               " bytes, not a multiple of ", total_rows, " rows"));

@@ -163,10 +163,6 @@ bool Tag(Reader& r, uint32_t* field, uint32_t* wire_type) {
   return *field != 0;
 }
 
-// Where a tensor's bytes go in a staging block: aligned as the kernels'
-// vector loads want, after what is there.
-constexpr size_t kStagingAlign = 256;
-
 // A Tensor message ending at `end`; its bytes into `staging` where they fit.
 bool ParseTensor(Reader& r, size_t end, WireFusedOp::Input* in, const std::shared_ptr<StagingBlock>& staging) {
   HostTensor& t = in->tensor;
@@ -191,16 +187,12 @@ bool ParseTensor(Reader& r, size_t end, WireFusedOp::Input* in, const std::share
     } else if (field == 3 && wt == kLen) {
       if (!r.Length(end, &n, &field_end)) return false;
       t.data.clear();
-      t.view = nullptr;
-      t.view_size = 0;
-      t.block.reset();
-      const size_t at = staging == nullptr ? 0 : (staging->used + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+      t.ClearView();
+      const size_t at = staging == nullptr ? 0 : StagingBlock::AlignUp(staging->used);
       if (n > 0 && staging != nullptr && at + n <= staging->size) {
         if (!r.Copy(n, staging->host + at)) return false;
         staging->used = at + n;
-        t.view = staging->host + at;
-        t.view_size = n;
-        t.block = staging;
+        t.SetView(staging, staging->host + at, n);
       } else {
         t.data.reserve(n);
         if (!r.Append(n, &t.data)) return false;
@@ -221,8 +213,7 @@ bool ParseInputEntry(Reader& r, size_t end, WireFusedOp::Input* in, const std::s
   in->dtype = 0;
   in->tensor.shape.clear();
   in->tensor.data.clear();
-  in->tensor.view = nullptr;
-  in->tensor.block.reset();
+  in->tensor.ClearView();
   bool value_seen = false;
   while (r.pos() < end) {
     uint32_t field = 0, wt = 0;
@@ -354,10 +345,7 @@ bool Lends(const HostTensor& t) { return t.view == nullptr && t.data.size() >= k
 }  // namespace
 
 void WireFusedOp::DropStaging() {
-  for (Input& in : inputs) {
-    in.tensor.view = nullptr;
-    in.tensor.block.reset();
-  }
+  for (Input& in : inputs) in.tensor.ClearView();
 }
 
 bool ParseFusedOpWire(const grpc::ByteBuffer& body, WireFusedOp* out, const std::shared_ptr<StagingBlock>& staging) {
@@ -426,10 +414,8 @@ absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& p, const ValidationLi
     dst.dtype = FromProtoDType(static_cast<v1::DType>(in.dtype));
     dst.shape = t.shape;    // the wire copy keeps its capacity for the next call
     dst.data.swap(t.data);  // the bytes move (or the staging block's view does)
-    dst.view = t.view;
-    dst.view_size = t.view_size;
-    dst.block = std::move(t.block);
-    t.view = nullptr;
+    dst.SetView(std::move(t.block), t.view, t.view_size);
+    t.ClearView();
   }
   for (size_t i = 0; i < p.n_attrs; ++i) {
     WireFusedOp::Attr& a = p.attrs[i];

@@ -477,14 +477,14 @@ absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffe
     // The tensors go straight into the backend's staging memory where it
     // has some (CUDA: pinned, read in place by small kernels). Inputs take at
     // most the body's size and the outputs of the ops that stay there as
-    // much again, plus each tensor's alignment.
+    // much again, plus each tensor's alignment (16 tensors' worth).
     static thread_local WireFusedOp wire;
     struct Drop {
       WireFusedOp& w;
       ~Drop() { w.DropStaging(); }  // the block goes with the request, not the thread
     } drop{wire};
     const size_t body = raw_request.Length();
-    if (ParseFusedOpWire(raw_request, &wire, backend_->TakeStaging(2 * body + 4096))) {
+    if (ParseFusedOpWire(raw_request, &wire, backend_->TakeStaging(2 * body + 16 * StagingBlock::kAlign))) {
       const absl::Time received = FastNow();
       metrics_->RecordStage(Metrics::Stage::kReceive, absl::ToDoubleSeconds(received - start));
       if (FindOpSpec(wire.op) != nullptr) *op = wire.op;

@@ -47,7 +47,8 @@
 namespace fusedserve {
 namespace {
 
-constexpr size_t kAlign = 256;
+// Tensors in the lanes' buffers start where they would in a staging block.
+constexpr size_t kAlign = StagingBlock::kAlign;
 // Zero-copy launches: inputs + outputs at most this size, memory-bound ops
 // (OpSpec::memory_bound: one row-wise pass) only. Up to 1 MiB the kernel
 // reading over PCIe beats two copies plus their launches at every measured
@@ -155,7 +156,7 @@ class LaneFlag {
   bool broken_ = false;
 };
 
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t AlignUp(size_t n) { return StagingBlock::AlignUp(n); }
 
 // Four timing events around the copy path's H2D, kernels and D2H.
 class StageEvents {
@@ -202,6 +203,7 @@ struct Slot {
   DeviceTensor t;
   size_t offset;
   size_t bytes;
+  const HostTensor* src = nullptr;  // an input's request tensor
 };
 
 // `m` set to the slots' tensors, its nodes (and their shapes' memory)
@@ -271,12 +273,11 @@ std::shared_ptr<StagingBlock> TakeStagingBlock(int device, size_t bytes) {
 // in another dtype (index tensors sent as I64) and `out_bytes` of outputs:
 // the launch then reads and writes it in place. Null when any input is
 // elsewhere, or a launch has already placed its outputs there.
-const std::shared_ptr<StagingBlock>* StagedBlock(const OpRequest& r, const std::vector<Slot>& inputs,
-                                                 size_t out_bytes) {
+const std::shared_ptr<StagingBlock>* StagedBlock(const std::vector<Slot>& inputs, size_t out_bytes) {
   const std::shared_ptr<StagingBlock>* block = nullptr;
   size_t room = out_bytes;
   for (const Slot& slot : inputs) {
-    const HostTensor& t = r.in(slot.name);
+    const HostTensor& t = *slot.src;
     if (t.view == nullptr || t.block == nullptr || (block != nullptr && t.block != *block)) return nullptr;
     if (slot.t.dtype != t.dtype) room += AlignUp(slot.bytes);
     block = &t.block;
@@ -328,6 +329,7 @@ class CudaBackend : public Backend {
     };
     size_t i = 0;
     for (const auto& [name, t] : r.inputs) {
+      inputs[i].src = &t;
       place(inputs[i++], name, r.spec != nullptr && r.spec->is_index(name) ? DType::kI32 : t.dtype, t.shape);
     }
     const size_t out_begin = total;
@@ -338,7 +340,7 @@ class CudaBackend : public Backend {
     const bool zero_copy = total <= ZeroCopyLimit() && r.spec != nullptr && r.spec->memory_bound;
     // Inputs decoded into a staging block are read in place and the outputs
     // written after them: no packing, no unpacking (see StagingBlock).
-    const std::shared_ptr<StagingBlock>* staged = zero_copy ? StagedBlock(r, inputs, total - out_begin) : nullptr;
+    const std::shared_ptr<StagingBlock>* staged = zero_copy ? StagedBlock(inputs, total - out_begin) : nullptr;
     std::unique_lock<std::mutex> lock;
     Lane& lane = zero_copy ? TakeAnyLane(&lock) : TakeLane(0, &lock);
     if (CudaStatus s = FS_CUDA_CHECK(cudaSetDevice(device_)); !s.ok()) return CudaToAbsl(s);
@@ -351,7 +353,7 @@ class CudaBackend : public Backend {
       b.outputs_placed = true;
       size_t at = AlignUp(b.used);
       for (Slot& slot : inputs) {
-        if (slot.t.dtype == r.in(slot.name).dtype) continue;
+        if (slot.t.dtype == slot.src->dtype) continue;
         slot.offset = at;
         at += AlignUp(slot.bytes);
       }
@@ -368,9 +370,8 @@ class CudaBackend : public Backend {
     if (zero_copy) dev = host_dev;
 
     for (Slot& slot : inputs) {
-      const HostTensor& src = r.in(slot.name);
-      if (staged != nullptr && slot.t.dtype == src.dtype) {  // read where it was decoded
-        slot.t.data = (*staged)->device + (src.view - (*staged)->host);
+      if (staged != nullptr && slot.t.dtype == slot.src->dtype) {  // read where it was decoded
+        slot.t.data = (*staged)->device + (slot.src->view - (*staged)->host);
       } else {
         WriteDeviceInput(r, slot.name, host + slot.offset);
         slot.t.data = static_cast<char*>(dev) + slot.offset;
@@ -421,9 +422,7 @@ class CudaBackend : public Backend {
       t.dtype = slot.t.dtype;
       t.shape = slot.t.shape;
       if (staged != nullptr) {  // left in the block, which the result now holds too
-        t.view = host + slot.offset;
-        t.view_size = slot.bytes;
-        t.block = *staged;
+        t.SetView(*staged, host + slot.offset, slot.bytes);
       } else {
         t.data.assign(host + slot.offset, slot.bytes);
       }

@@ -193,11 +193,9 @@ std::shared_ptr<StagingBlock> Stage(Backend& gpu, OpRequest* r) {
   if (b == nullptr) return nullptr;
   std::memset(b->host, 0xff, b->size);
   for (auto& [name, t] : r->inputs) {
-    const size_t at = (b->used + 255) / 256 * 256;
+    const size_t at = StagingBlock::AlignUp(b->used);
     std::memcpy(b->host + at, t.data.data(), t.data.size());
-    t.view = b->host + at;
-    t.view_size = t.data.size();
-    t.block = b;
+    t.SetView(b, b->host + at, t.data.size());
     std::string().swap(t.data);
     b->used = at + t.view_size;
   }

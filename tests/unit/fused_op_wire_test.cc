@@ -196,9 +196,7 @@ TEST(FusedOpWire, StagedOutputsAreCopiedIntoTheResponse) {
     HostTensor t;
     t.dtype = DType::kF32;
     t.shape = {1024};
-    t.view = heap.block->host + 512;
-    t.view_size = y.size();
-    t.block = heap.block;
+    t.SetView(heap.block, heap.block->host + 512, y.size());
     outputs["y"] = std::move(t);
     EncodeFusedOpWire(std::move(outputs), "cuda", &out);
   }

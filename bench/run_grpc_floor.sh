@@ -21,7 +21,8 @@
 #   thread), echo-async-4 (four queues and threads), echo-async-sharedcq
 #   (one queue polled by every thread), echo-{sync,async}-poll and
 #   fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
-#   fusedserve (this build's defaults), fusedserve-sharedcq (--grpc_cqs=1),
+#   fusedserve (this build's defaults), fusedserve-cpu (--device=cpu: the
+#   same host path, the op on the CPU backend), fusedserve-sharedcq (--grpc_cqs=1),
 #   fusedserve-{callback,sync,async} (--fused_op_api), fusedserve-nozc (CUDA
 #   without zero-copy), fusedserve-nobatch (--batching=false),
 #   fusedserve-worker-answer (--fused_op_answer_on_poller=false),
@@ -72,6 +73,7 @@ cmd[echo-sync-poll]="fusedserve_grpc_floor_server --model=sync"
 cmd[echo-async-args]="fusedserve_grpc_floor_server --model=async --threads=$cores --minimal_stack --bdp_probe=0 --max_concurrent_streams=256"
 fs="--listen=127.0.0.1:$port --metrics_listen=127.0.0.1:$mport --tuning_cache= --tune_at_startup=false ${FS_FLAGS:-}"
 cmd[fusedserve]="fusedserve $fs"
+cmd[fusedserve-cpu]="fusedserve $fs --device=cpu"  # the same host path, the op on the CPU backend
 cmd[fusedserve-sync]="fusedserve $fs --fused_op_api=sync"
 cmd[fusedserve-async]="fusedserve $fs --fused_op_api=async"
 cmd[fusedserve-callback]="fusedserve $fs --fused_op_api=callback"
@@ -161,6 +163,13 @@ for r in $(seq 1 "$rounds"); do
     serve "$s"
     lg "$out/$s-c1.txt" --concurrency=1 --client_api=sync
     case $s in fusedserve*) curl -s "127.0.0.1:$mport/metrics" > "$out/$s-c1-metrics.txt" ;; esac
+    # The round's mean kernel stage at c=1 (launch to completion on CUDA, the
+    # op itself on the CPU backend), for the ratio without it below.
+    case $s in fusedserve*)
+      awk '/^fusedserve_fused_op_stage_seconds_sum\{stage="kernel"\}/ {s = $2}
+           /^fusedserve_fused_op_stage_seconds_count\{stage="kernel"\}/ {c = $2}
+           END {printf "%.2f\n", (c > 0 ? s / c * 1e6 : 0)}' "$out/$s-c1-metrics.txt" >> "$out/$s-c1-kernel.txt" ;;
+    esac
     metrics=""
     case $s in fusedserve*) metrics="--metrics=127.0.0.1:$mport" ;; esac
     t0=$(ticks)
@@ -204,18 +213,24 @@ echos=""
 for s in $servers; do case $s in echo-*) [ -s "$out/$s-c1.txt" ] && echos="$echos $s" ;; esac; done
 if [ -n "$echos" ]; then
   echo
-  echo "| server | c=1 p50 / best echo's (same round) | c=64 req/s / best echo's (same round) |"
-  echo "|---|---|---|"
+  echo "| server | c=1 p50 / best echo's (same round) | c=1 p50 less its kernel stage / best echo's | c=64 req/s / best echo's (same round) |"
+  echo "|---|---|---|---|"
   for s in $servers; do
     case $s in fusedserve*) [ -s "$out/$s-c1.txt" ] || continue ;; *) continue ;; esac
     # shellcheck disable=SC2086
     c1=$(for e in $echos; do awk -v e="$e" '{print NR, e, $4}' "$out/$e-c1.txt"; done |
       awk '{ if (!($1 in b) || $3 < b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
       sort -n | paste -d' ' - <(awk '{print $4}' "$out/$s-c1.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
+    # The same pairing with the round's mean kernel stage taken off: what the
+    # server's host path costs beyond the echo, without the op itself.
+    c1_host=$(for e in $echos; do awk -v e="$e" '{print NR, e, $4}' "$out/$e-c1.txt"; done |
+      awk '{ if (!($1 in b) || $3 < b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
+      sort -n | paste -d' ' - <(awk '{print $4}' "$out/$s-c1.txt") <(cat "$out/$s-c1-kernel.txt" 2>/dev/null) |
+      awk 'NF == 4 {printf "%.3f\n", ($3 - $4) / $2}' | median)
     c64=$(for e in $echos; do awk -v e="$e" '{print NR, e, $3}' "$out/$e-c64.txt"; done |
       awk '{ if (!($1 in b) || $3 > b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
       sort -n | paste -d' ' - <(awk '{print $3}' "$out/$s-c64.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
-    echo "| $s | $c1 | $c64 |"
+    echo "| $s | $c1 | $c1_host | $c64 |"
   done
 fi
 

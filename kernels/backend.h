@@ -16,6 +16,14 @@ namespace fusedserve {
 // the server's drain ran out of time). Empty: never stop.
 using StopCheck = std::function<absl::Status()>;
 
+// Host work that may run while the device computes the op: a backend that
+// launches asynchronously (CUDA) calls it on the calling thread after the
+// launch and before it waits, with the outputs as Run will return them
+// (views into a staging block; their bytes not yet written: do not read
+// them), where it knows them by then. Not called by the CPU backend, on
+// the copy path, or when the launch fails. Empty: nothing to run.
+using WhileRunning = std::function<void(const TensorMap& pending_outputs)>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -26,8 +34,13 @@ class Backend {
   // Runs one op. The request has passed ValidateOpRequest; outputs have the
   // dtype of the request's float inputs. Thread-safe. Work that can take long
   // (the CPU reference) polls `stop` between pieces and returns its status.
-  virtual absl::StatusOr<TensorMap> Run(const OpRequest& request, const StopCheck& stop) = 0;
-  absl::StatusOr<TensorMap> Run(const OpRequest& request) { return Run(request, StopCheck()); }
+  // `while_running`: see WhileRunning.
+  virtual absl::StatusOr<TensorMap> Run(const OpRequest& request, const StopCheck& stop,
+                                        const WhileRunning& while_running) = 0;
+  absl::StatusOr<TensorMap> Run(const OpRequest& request, const StopCheck& stop) {
+    return Run(request, stop, WhileRunning());
+  }
+  absl::StatusOr<TensorMap> Run(const OpRequest& request) { return Run(request, StopCheck(), WhileRunning()); }
   // A staging block of at least `bytes` that nothing else holds, for a
   // request to be decoded into (see StagingBlock), or null: this backend
   // has none (CPU), the size is past what it stages, or the calling thread

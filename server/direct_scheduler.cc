@@ -54,7 +54,10 @@ absl::StatusOr<TensorMap> RunOnBackend(Backend& backend, const OpRequest& reques
   times = BackendStageTimes();
   const absl::Time start = FastNow();
   try {
-    absl::StatusOr<TensorMap> result = backend.Run(request, stop);
+    // A task's own request (not a merged one) may run its host work under the launch.
+    static const WhileRunning kNone;
+    const bool alone = tasks.size() == 1 && &tasks.front()->request == &request;
+    absl::StatusOr<TensorMap> result = backend.Run(request, stop, alone ? tasks.front()->while_running : kNone);
     if (!times.valid) times = {true, 0, absl::ToDoubleSeconds(FastNow() - start), 0};
     if (result.ok()) stopped->clear();
     return result;

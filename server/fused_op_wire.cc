@@ -342,6 +342,12 @@ size_t EntrySize(const std::string& name, const HostTensor& t) {
 // its pool once the call is answered); others of kLendBytes or more are lent.
 bool Lends(const HostTensor& t) { return t.view == nullptr && t.data.size() >= kLendBytes; }
 
+// Outputs whose bytes gRPC holds as slices; freed with the last slice.
+struct LentOutputs {
+  TensorMap outputs;
+  std::atomic<int> slices;
+};
+
 }  // namespace
 
 void WireFusedOp::DropStaging() {
@@ -429,34 +435,19 @@ absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& p, const ValidationLi
   return r;
 }
 
-void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::ByteBuffer* out) {
-  // Framing bytes (keys, shapes, lengths) go into one slice; the bytes of
-  // each large tensor are not copied but lent to gRPC as a slice of their
-  // own, backed by `outputs` until gRPC has written the last of them.
-  size_t framing = 0;
-  int lent = 0;
-  for (const auto& [name, t] : outputs) {
-    const size_t entry = EntrySize(name, t);
-    framing += 1 + VarintSize(entry) + entry;
-    if (Lends(t)) {
-      framing -= t.data.size();
-      ++lent;
-    }
-  }
-  if (!backend.empty()) framing += 1 + VarintSize(backend.size()) + backend.size();
-  struct Lent {
-    TensorMap outputs;
-    std::atomic<int> slices;
-  };
-  Lent* owner = nullptr;
-  if (lent > 0) owner = new Lent{std::move(outputs), {lent}};
-  const TensorMap& outs = owner != nullptr ? owner->outputs : outputs;
+namespace {
 
+// The response's bytes for `outs` into `out`. owner: tensors that Lends()
+// are lent as slices that keep it alive. early: every tensor's bytes are
+// left out (the framing around them written, their place recorded) for
+// EarlyFusedOpResponse::Complete to copy in.
+void EncodeWire(const TensorMap& outs, const std::string& backend, size_t framing, void* owner,
+                std::vector<std::pair<uint8_t*, size_t>>* early, grpc::ByteBuffer* out) {
   grpc::Slice head(framing);
   uint8_t* const begin = const_cast<uint8_t*>(head.begin());
   uint8_t* p = begin;
   std::vector<grpc::Slice> slices;  // framing pieces and lent tensors, in order
-  slices.reserve(2 * static_cast<size_t>(lent) + 1);
+  if (owner != nullptr) slices.reserve(2 * outs.size() + 1);
   uint8_t* piece = begin;  // start of the framing not yet in `slices`
   auto cut = [&] {         // the framing written since `piece`, as a sub-slice of `head`
     if (p > piece) slices.push_back(head.sub(static_cast<size_t>(piece - begin), static_cast<size_t>(p - begin)));
@@ -478,14 +469,21 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
       p = PutVarint(p, ShapeBytes(t));
       for (int64_t d : t.shape) p = PutVarint(p, static_cast<uint64_t>(d));
     }
-    if (Lends(t)) {
+    if (early != nullptr) {
+      if (t.nbytes() > 0) {
+        *p++ = 0x1a;
+        p = PutVarint(p, t.nbytes());
+        early->emplace_back(p, t.nbytes());
+        p += t.nbytes();
+      }
+    } else if (owner != nullptr && Lends(t)) {
       *p++ = 0x1a;
       p = PutVarint(p, t.data.size());
       cut();
       slices.emplace_back(grpc_slice_new_with_user_data(
                               const_cast<char*>(t.data.data()), t.data.size(),
                               [](void* o) {
-                                Lent* l = static_cast<Lent*>(o);
+                                auto* l = static_cast<LentOutputs*>(o);
                                 if (l->slices.fetch_sub(1) == 1) delete l;
                               },
                               owner),
@@ -495,7 +493,7 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
     }
   }
   if (!backend.empty()) p = PutBytes(p, 0x12, backend.data(), backend.size());
-  if (lent == 0) {
+  if (owner == nullptr) {
     grpc::ByteBuffer buffer(&head, 1);
     out->Swap(&buffer);
     return;
@@ -503,6 +501,55 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
   cut();
   grpc::ByteBuffer buffer(slices.data(), slices.size());
   out->Swap(&buffer);
+}
+
+// The framing's bytes of `outs` (every tensor's bytes when none is lent),
+// and how many tensors `lend` would lend.
+size_t FramingBytes(const TensorMap& outs, const std::string& backend, bool lend, int* lent) {
+  size_t framing = 0;
+  *lent = 0;
+  for (const auto& [name, t] : outs) {
+    const size_t entry = EntrySize(name, t);
+    framing += 1 + VarintSize(entry) + entry;
+    if (lend && Lends(t)) {
+      framing -= t.data.size();
+      ++*lent;
+    }
+  }
+  if (!backend.empty()) framing += 1 + VarintSize(backend.size()) + backend.size();
+  return framing;
+}
+
+}  // namespace
+
+void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::ByteBuffer* out) {
+  // Framing bytes (keys, shapes, lengths) go into one slice; the bytes of
+  // each large tensor are not copied but lent to gRPC as a slice of their
+  // own, backed by `outputs` until gRPC has written the last of them.
+  int lent = 0;
+  const size_t framing = FramingBytes(outputs, backend, true, &lent);
+  LentOutputs* owner = nullptr;
+  if (lent > 0) owner = new LentOutputs{std::move(outputs), {lent}};
+  EncodeWire(owner != nullptr ? owner->outputs : outputs, backend, framing, owner, nullptr, out);
+}
+
+void EarlyFusedOpResponse::Encode(const TensorMap& pending) {
+  places_.clear();
+  int lent = 0;
+  EncodeWire(pending, *backend_, FramingBytes(pending, *backend_, false, &lent), nullptr, &places_, out_);
+  encoded_ = true;
+}
+
+bool EarlyFusedOpResponse::Complete(const TensorMap& outputs) {
+  if (!encoded_) return false;
+  encoded_ = false;
+  if (outputs.size() != places_.size()) return false;
+  size_t i = 0;
+  for (const auto& [name, t] : outputs) {
+    if (t.nbytes() != places_[i].second) return false;
+    std::memcpy(places_[i++].first, t.bytes().data(), t.nbytes());
+  }
+  return true;
 }
 
 }  // namespace fusedserve

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,5 +64,32 @@ absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& parsed, const Validat
 // when an output holds 1 KiB or more, framing slices with each such tensor's
 // bytes between them as a slice that keeps `outputs` alive.
 void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::ByteBuffer* out);
+
+// A response encoded while the GPU still computes its outputs (Backend's
+// WhileRunning): the framing at once, with room for each output's bytes,
+// which Complete copies in once they are written. The same bytes as
+// EncodeFusedOpWire, all in one slice. Reused from call to call.
+class EarlyFusedOpResponse {
+ public:
+  // For the next call: Encode writes into `out`, naming `backend` (both
+  // outlive the call). Forgets an earlier Encode.
+  void Arm(grpc::ByteBuffer* out, const std::string* backend) {
+    out_ = out;
+    backend_ = backend;
+    encoded_ = false;
+  }
+  // `pending`: the outputs' names, dtypes, shapes and sizes (bytes unread).
+  void Encode(const TensorMap& pending);
+  // Copies `outputs`' bytes into the response Encode wrote; false (nothing
+  // to use) when there was none since Arm, or `outputs` are not what it
+  // encoded.
+  bool Complete(const TensorMap& outputs);
+
+ private:
+  grpc::ByteBuffer* out_ = nullptr;
+  const std::string* backend_ = nullptr;
+  bool encoded_ = false;
+  std::vector<std::pair<uint8_t*, size_t>> places_;  // each output's bytes in the response
+};
 
 }  // namespace fusedserve

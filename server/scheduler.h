@@ -26,6 +26,9 @@ struct OpTask {
   // Called exactly once if Submit succeeded: from a worker thread, or from
   // inside Submit when the request runs inline (see RunsInline).
   std::function<void(absl::StatusOr<TensorMap>)> done;
+  // Host work for while the device runs this task alone (Backend's
+  // WhileRunning; not for a merged launch). May be empty.
+  WhileRunning while_running;
   // Who would answer the call if not the worker (the async server: its
   // completion queue), or null; see LaunchAnswersShareOneGroup.
   const void* answer_group = nullptr;

@@ -23,7 +23,11 @@ std::unique_ptr<grpc::Service> MakeFusedOpService(FusedServeService* service);
 }  // namespace
 
 FusedServeService::FusedServeService(Backend* backend, OpScheduler* scheduler, Metrics* metrics, ServiceOptions options)
-    : backend_(backend), scheduler_(scheduler), metrics_(metrics), options_(std::move(options)) {
+    : backend_(backend),
+      backend_name_(backend->name()),
+      scheduler_(scheduler),
+      metrics_(metrics),
+      options_(std::move(options)) {
   if (options_.fused_op_api != ServiceOptions::FusedOpApi::kCallback) {
     // Registered once, by fused_op_service(): not by this service.
     grpc::Service::MarkMethodGeneric(0);
@@ -161,10 +165,10 @@ class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
     response_ = raw_response;
     absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(raw_request, start_, &op_);
     if (!request.ok()) return Done(request.status());
-    OpTask task = service_->MakeFusedOpTask(*std::move(request), ctx);
+    OpTask task = service_->MakeFusedOpTask(*std::move(request), ctx, response_, &early_);
     // Called on this thread inside Submit (inline run) or on a worker.
     task.done = [this](absl::StatusOr<TensorMap> result) {
-      Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), response_) : result.status());
+      Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), response_, &early_) : result.status());
     };
     if (absl::Status s = service_->scheduler_->Submit(std::move(task)); !s.ok()) Done(s);
   }
@@ -186,6 +190,7 @@ class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
   absl::Time sending_;
   std::string op_;
   grpc::ByteBuffer* response_ = nullptr;
+  EarlyFusedOpResponse early_;
 };
 
 // The completion queue the calling thread polls (PollAsync), or nullptr.
@@ -257,7 +262,7 @@ class FusedServeService::AsyncFusedOpSlot {
     service_->CallStarted();
     absl::StatusOr<OpRequest> request = service_->DecodeFusedOp(request_, start_, &op_);
     if (!request.ok()) return Done(request.status());
-    OpTask task = service_->MakeFusedOpTask(*std::move(request), &*ctx_);
+    OpTask task = service_->MakeFusedOpTask(*std::move(request), &*ctx_, &response_, &early_);
     task.done = [this](absl::StatusOr<TensorMap> result) { OnResult(std::move(result)); };
     task.answer_group = cq_;
     if (absl::Status s = service_->scheduler_->Submit(std::move(task)); !s.ok()) Done(s);
@@ -280,7 +285,7 @@ class FusedServeService::AsyncFusedOpSlot {
 
   void Answer(absl::StatusOr<TensorMap> result) {
     result_.reset();
-    Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), &response_) : result.status());
+    Done(result.ok() ? service_->EncodeFusedOp(*std::move(result), &response_, &early_) : result.status());
   }
 
   // One of the call's two closing events; after both, the slot is free.
@@ -308,6 +313,7 @@ class FusedServeService::AsyncFusedOpSlot {
   std::optional<grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>> writer_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
+  EarlyFusedOpResponse early_;
   grpc::Alarm handoff_;                              // reused: set again only after its event came
   std::optional<absl::StatusOr<TensorMap>> result_;  // set by a worker, read after the alarm's event
   // Touched by the slot's queue threads only (and by Done, which runs before
@@ -517,9 +523,14 @@ absl::StatusOr<OpRequest> FusedServeService::DecodeFusedOp(const grpc::ByteBuffe
   return validated;
 }
 
-OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx) {
+OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx,
+                                          grpc::ByteBuffer* raw_response, EarlyFusedOpResponse* early) {
   OpTask task;
   task.request = std::move(request);
+  if (early != nullptr && options_.wire_codec) {
+    early->Arm(raw_response, &backend_name_);
+    task.while_running = [early](const TensorMap& pending) { early->Encode(pending); };
+  }
   task.enqueued = FastNow();
   task.deadline = absl::FromChrono(ctx->deadline());
   task.interrupted = [this, ctx]() -> absl::Status {
@@ -534,10 +545,13 @@ OpTask FusedServeService::MakeFusedOpTask(OpRequest request, grpc::ServerContext
   return task;
 }
 
-absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response) {
+absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response,
+                                              EarlyFusedOpResponse* early) {
   const absl::Time start = FastNow();
   if (options_.wire_codec) {
-    EncodeFusedOpWire(std::move(outputs), backend_->name(), raw_response);
+    // Encoded while the GPU ran: only the outputs' bytes are left to copy.
+    if (early == nullptr || !early->Complete(outputs))
+      EncodeFusedOpWire(std::move(outputs), backend_name_, raw_response);
     metrics_->RecordStage(Metrics::Stage::kEncode, absl::ToDoubleSeconds(FastNow() - start));
     return absl::OkStatus();
   }
@@ -545,7 +559,7 @@ absl::Status FusedServeService::EncodeFusedOp(TensorMap outputs, grpc::ByteBuffe
   ResetArena reset{arena};
   auto* response = google::protobuf::Arena::CreateMessage<v1::FusedOpResponse>(&arena);
   for (auto& [name, t] : outputs) TensorToProto(std::move(t), &(*response->mutable_outputs())[name]);
-  response->set_backend(backend_->name());
+  response->set_backend(backend_name_);
   bool own_buffer = false;
   const grpc::Status serialized =
       grpc::SerializationTraits<v1::FusedOpResponse>::Serialize(*response, raw_response, &own_buffer);
@@ -575,12 +589,14 @@ grpc::Status FusedServeService::HandleFusedOp(grpc::ServerContext* ctx, const gr
     Wait(FusedServeService* s, grpc::ByteBuffer* r) : service(s), response(r) {}
     FusedServeService* service;
     grpc::ByteBuffer* response;
+    EarlyFusedOpResponse early;
     absl::Status status = absl::UnknownError("FusedOp: no result");
     absl::Notification finished;
   } wait(this, raw_response);
-  OpTask task = MakeFusedOpTask(*std::move(request), ctx);
+  OpTask task = MakeFusedOpTask(*std::move(request), ctx, raw_response, &wait.early);
   task.done = [&wait](absl::StatusOr<TensorMap> result) {  // one pointer: no allocation
-    wait.status = result.ok() ? wait.service->EncodeFusedOp(*std::move(result), wait.response) : result.status();
+    wait.status =
+        result.ok() ? wait.service->EncodeFusedOp(*std::move(result), wait.response, &wait.early) : result.status();
     wait.finished.Notify();
   };
   if (absl::Status s = scheduler_->Submit(std::move(task)); !s.ok()) return FinishFusedOp(op, start, s);

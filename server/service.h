@@ -19,6 +19,7 @@
 
 #include "fusedserve/v1/fusedserve.grpc.pb.h"
 #include "server/async_calls.h"
+#include "server/fused_op_wire.h"
 #include "server/grpc_status.h"
 #include "server/scheduler.h"
 #include "server/validation.h"
@@ -119,8 +120,12 @@ class FusedServeService final
   // receive and decode stages) and sets *op to the metrics label; Encode
   // writes the response (the encode stage); FinishFusedOp counts the call.
   absl::StatusOr<OpRequest> DecodeFusedOp(const grpc::ByteBuffer& raw_request, absl::Time start, std::string* op);
-  OpTask MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx);
-  absl::Status EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response);
+  // With `early` (the call's, reused), the response is encoded while the
+  // GPU runs where the backend allows (EarlyFusedOpResponse) and
+  // EncodeFusedOp then only copies the outputs' bytes in.
+  OpTask MakeFusedOpTask(OpRequest request, grpc::ServerContextBase* ctx, grpc::ByteBuffer* raw_response = nullptr,
+                         EarlyFusedOpResponse* early = nullptr);
+  absl::Status EncodeFusedOp(TensorMap outputs, grpc::ByteBuffer* raw_response, EarlyFusedOpResponse* early = nullptr);
   grpc::Status FinishFusedOp(const std::string& op, absl::Time start, const absl::Status& status);
   // The callback API's FusedOp calls: reactors recycled through a pool.
   class FusedOpCall;
@@ -133,6 +138,7 @@ class FusedServeService final
   void RecycleFusedOpCall(FusedOpCall* call);
 
   Backend* const backend_;
+  const std::string backend_name_;  // backend_->name(), the responses' `backend`
   OpScheduler* const scheduler_;
   Metrics* const metrics_;
   const ServiceOptions options_;

@@ -49,7 +49,7 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   std::string device_name() const override { return "CPU reference (fp32 accumulation)"; }
 
-  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck& stop) override {
+  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck& stop, const WhileRunning&) override {
     absl::StatusOr<cpu::FloatOutputs> out = cpu::RunReference(r, stop);
     if (!out.ok()) return out.status();
     const DType dt = RequestDType(r);

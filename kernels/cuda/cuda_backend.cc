@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -308,7 +309,7 @@ class CudaBackend : public Backend {
 
   // GPU work is bounded by the cost limits (--max_op_flops) rather than
   // interrupted: one launch runs milliseconds at most, so `stop` is not polled.
-  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&) override {
+  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&, const WhileRunning& while_running) override {
     const absl::Time t0 = FastNow();
     const DType dt = RequestDType(r);
 
@@ -413,21 +414,39 @@ class CudaBackend : public Backend {
       }
       if (CudaStatus s = events.Record(3, st); !s.ok()) return CudaToAbsl(s);
     }
+    // Staged outputs stay where the kernels write them (the result holds the
+    // block too), so the result is known before the wait and the caller's
+    // host work (WhileRunning) runs under the device's round trip. An
+    // exception from it waits for the device first: the block is still
+    // being written.
+    TensorMap result;
+    auto fill = [&] {
+      for (const Slot& slot : outputs) {
+        HostTensor& t = result[slot.name];
+        t.dtype = slot.t.dtype;
+        t.shape = slot.t.shape;
+        if (staged != nullptr) {
+          t.SetView(*staged, host + slot.offset, slot.bytes);
+        } else {
+          t.data.assign(host + slot.offset, slot.bytes);
+        }
+      }
+    };
+    std::exception_ptr while_running_error;
+    if (staged != nullptr) {
+      fill();
+      if (while_running) {
+        try {
+          while_running(result);
+        } catch (...) {
+          while_running_error = std::current_exception();
+        }
+      }
+    }
     if (CudaStatus s = lane.done.Wait(st, packed); !s.ok()) return CudaToAbsl(s);
     const absl::Time done = FastNow();
-
-    TensorMap result;
-    for (const Slot& slot : outputs) {
-      HostTensor t;
-      t.dtype = slot.t.dtype;
-      t.shape = slot.t.shape;
-      if (staged != nullptr) {  // left in the block, which the result now holds too
-        t.SetView(*staged, host + slot.offset, slot.bytes);
-      } else {
-        t.data.assign(host + slot.offset, slot.bytes);
-      }
-      result[slot.name] = std::move(t);
-    }
+    if (while_running_error) std::rethrow_exception(while_running_error);
+    if (staged == nullptr) fill();
     BackendStageTimes& times = ThisThreadStageTimes();
     times.valid = true;
     if (zero_copy) {

@@ -6,7 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -204,7 +207,8 @@ std::shared_ptr<StagingBlock> Stage(Backend& gpu, OpRequest* r) {
 
 // Requests decoded into a staging block: the small memory-bound ones read it
 // in place and leave their outputs in it, the others copy from it as from
-// their own bytes; every answer is the reference's. A second launch of the
+// their own bytes; every answer is the reference's, and the in-place ones
+// call the caller's WhileRunning with their outputs before they wait. A second launch of the
 // same request (its block's output room taken) answers from the lane's own
 // buffers, and blocks nothing holds any more are handed out again.
 TEST(CudaBackend, StagedRequestsRunInPlace) {
@@ -231,16 +235,30 @@ TEST(CudaBackend, StagedRequestsRunInPlace) {
       }
       ++staged;
       for (int launch = 0; launch < 2; ++launch) {
-        absl::StatusOr<TensorMap> got = (*gpu)->Run(r);
+        // The host work for while the device runs: called once the outputs'
+        // places are known (in place only), with the outputs Run returns.
+        int calls = 0;
+        std::vector<std::tuple<std::string, std::vector<int64_t>, const char*, size_t>> pending;
+        const WhileRunning while_running = [&](const TensorMap& outputs) {
+          ++calls;
+          for (const auto& [name, t] : outputs) pending.emplace_back(name, t.shape, t.view, t.view_size);
+        };
+        absl::StatusOr<TensorMap> got = (*gpu)->Run(r, StopCheck(), while_running);
         ASSERT_TRUE(got.ok()) << got.status();
         ExpectSameOutputs(*got, *want, dt);
         const bool in_place = launch == 0 && r.spec->memory_bound;
+        EXPECT_EQ(calls, in_place ? 1 : 0) << "launch " << launch;
+        size_t i = 0;
         for (const auto& [name, t] : *got) {
           EXPECT_EQ(t.view != nullptr, in_place) << name << " launch " << launch;
           if (in_place) {
             EXPECT_EQ(t.block, block) << name;
+            ASSERT_LT(i, pending.size());
+            EXPECT_EQ(pending[i], std::make_tuple(name, t.shape, t.view, t.view_size)) << name;
+            ++i;
           }
         }
+        EXPECT_EQ(i, pending.size());
       }
       blocks.insert(block->host);
     }

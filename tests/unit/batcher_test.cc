@@ -186,7 +186,7 @@ class GatedBackend : public Backend {
   std::string name() const override { return "cpu"; }
   std::string device_name() const override { return "gated CPU reference"; }
   using Backend::Run;
-  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&) override {
+  absl::StatusOr<TensorMap> Run(const OpRequest& r, const StopCheck&, const WhileRunning&) override {
     {
       absl::MutexLock lock(&mu_);
       launches_.push_back(BatchShapeOf(r)->rows);

@@ -213,6 +213,64 @@ TEST(FusedOpWire, StagedOutputsAreCopiedIntoTheResponse) {
   EXPECT_EQ(got.backend(), "cuda");
 }
 
+// A response encoded while the outputs are still being computed (the CUDA
+// backend's WhileRunning): the framing first, over poisoned output bytes,
+// then the bytes once written: the same bytes EncodeFusedOpWire writes, in
+// one slice (the block goes back to its pool with the call). Outputs that
+// are not what was encoded, or no Encode since Arm: not used.
+TEST(FusedOpWire, EarlyResponseIsTheSameBytesOnceCompleted) {
+  HeapBlock heap(1 << 16);
+  std::memset(heap.block->host, 0x7f, heap.block->size);  // poison: the GPU has not written yet
+  const std::string backend = "cuda";
+  TensorMap outputs;
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+      {"y", {2, 1024}}, {"residual_out", {2, 1024}}, {"scalar", {}}, {"small", {3}}};
+  size_t at = 256;
+  for (const auto& [name, shape] : shapes) {
+    HostTensor& t = outputs[name];
+    t.dtype = DType::kBF16;
+    t.shape = shape;
+    t.SetView(heap.block, heap.block->host + at, static_cast<size_t>(t.numel()) * 2);
+    at += 4096 + 64;
+  }
+  grpc::ByteBuffer early_out;
+  EarlyFusedOpResponse early;
+  early.Arm(&early_out, &backend);
+  EXPECT_FALSE(early.Complete(outputs));  // nothing encoded since Arm
+  early.Arm(&early_out, &backend);
+  early.Encode(outputs);
+  // The kernels write their outputs.
+  uint8_t v = 1;
+  for (auto& [name, t] : outputs) {
+    std::memset(heap.block->host + (t.view - heap.block->host), v++, t.nbytes());
+  }
+  ASSERT_TRUE(early.Complete(outputs));
+  grpc::ByteBuffer want_out;
+  EncodeFusedOpWire(outputs, backend, &want_out);
+  EXPECT_EQ(Flatten(early_out), Flatten(want_out));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(early_out.Dump(&slices).ok());
+  EXPECT_EQ(slices.size(), 1u);
+  v1::FusedOpResponse got;
+  ASSERT_TRUE(got.ParseFromString(Flatten(early_out)));
+  EXPECT_EQ(got.outputs().at("y").data(), std::string(4096, '\4'));  // map order: residual_out, scalar, small, y
+  EXPECT_EQ(got.backend(), "cuda");
+  EXPECT_FALSE(early.Complete(outputs));  // used once
+
+  // Outputs that differ from what was encoded (another size): not used.
+  early.Arm(&early_out, &backend);
+  early.Encode(outputs);
+  TensorMap other = outputs;
+  other["small"].shape = {2};
+  other["small"].view_size = 4;
+  EXPECT_FALSE(early.Complete(other));
+  early.Arm(&early_out, &backend);
+  early.Encode(outputs);
+  other = outputs;
+  other.erase("scalar");
+  EXPECT_FALSE(early.Complete(other));
+}
+
 // Bodies that parse but do not validate: the same status either way.
 TEST(FusedOpWire, BadRequestsGetProtobufsStatus) {
   const v1::FusedOpRequest good = OpRequestToProto(MakeRandomRequest("rms_norm", DType::kBF16, {2, 8}, 1));

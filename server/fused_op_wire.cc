@@ -442,7 +442,7 @@ namespace {
 // left out (the framing around them written, their place recorded) for
 // EarlyFusedOpResponse::Complete to copy in.
 void EncodeWire(const TensorMap& outs, const std::string& backend, size_t framing, void* owner,
-                std::vector<std::pair<uint8_t*, size_t>>* early, grpc::ByteBuffer* out) {
+                absl::InlinedVector<std::pair<uint8_t*, size_t>, 4>* early, grpc::ByteBuffer* out) {
   grpc::Slice head(framing);
   uint8_t* const begin = const_cast<uint8_t*>(head.begin());
   uint8_t* p = begin;

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "kernels/op.h"
@@ -89,7 +90,9 @@ class EarlyFusedOpResponse {
   grpc::ByteBuffer* out_ = nullptr;
   const std::string* backend_ = nullptr;
   bool encoded_ = false;
-  std::vector<std::pair<uint8_t*, size_t>> places_;  // each output's bytes in the response
+  // Each output's bytes in the response (inline: no allocation for the
+  // callback and sync APIs, which construct one per call).
+  absl::InlinedVector<std::pair<uint8_t*, size_t>, 4> places_;
 };
 
 }  // namespace fusedserve

@@ -257,6 +257,23 @@ TEST(FusedOpWire, EarlyResponseIsTheSameBytesOnceCompleted) {
   EXPECT_EQ(got.backend(), "cuda");
   EXPECT_FALSE(early.Complete(outputs));  // used once
 
+  // A fresh one (the callback and sync APIs make one per call) allocates
+  // no more than a reused one (gRPC's own, for the response) for up to four
+  // outputs: the places are inline.
+  auto allocations = [&](EarlyFusedOpResponse& e) {
+    g_allocations = 0;
+    g_counting = true;
+    e.Arm(&early_out, &backend);
+    e.Encode(outputs);
+    const bool completed = e.Complete(outputs);
+    g_counting = false;
+    EXPECT_TRUE(completed);
+    return g_allocations;
+  };
+  const int64_t reused = allocations(early);
+  EarlyFusedOpResponse fresh;
+  EXPECT_EQ(allocations(fresh), reused);
+
   // Outputs that differ from what was encoded (another size): not used.
   early.Arm(&early_out, &backend);
   early.Encode(outputs);

@@ -438,10 +438,10 @@ absl::StatusOr<OpRequest> ValidateWireFusedOp(WireFusedOp& p, const ValidationLi
 namespace {
 
 // The response's bytes for `outs` into `out`. owner: tensors that Lends()
-// are lent as slices that keep it alive. early: every tensor's bytes are
+// are lent as slices that keep it alive (null: none is). early: every tensor's bytes are
 // left out (the framing around them written, their place recorded) for
 // EarlyFusedOpResponse::Complete to copy in.
-void EncodeWire(const TensorMap& outs, const std::string& backend, size_t framing, void* owner,
+void EncodeWire(const TensorMap& outs, const std::string& backend, size_t framing, LentOutputs* owner,
                 absl::InlinedVector<std::pair<uint8_t*, size_t>, 4>* early, grpc::ByteBuffer* out) {
   grpc::Slice head(framing);
   uint8_t* const begin = const_cast<uint8_t*>(head.begin());
@@ -503,15 +503,15 @@ void EncodeWire(const TensorMap& outs, const std::string& backend, size_t framin
   out->Swap(&buffer);
 }
 
-// The framing's bytes of `outs` (every tensor's bytes when none is lent),
-// and how many tensors `lend` would lend.
-size_t FramingBytes(const TensorMap& outs, const std::string& backend, bool lend, int* lent) {
+// The framing's bytes of `outs`: every tensor's bytes included, except,
+// with `lent`, those of the tensors that Lends(), counted there.
+size_t FramingBytes(const TensorMap& outs, const std::string& backend, int* lent) {
   size_t framing = 0;
-  *lent = 0;
+  if (lent != nullptr) *lent = 0;
   for (const auto& [name, t] : outs) {
     const size_t entry = EntrySize(name, t);
     framing += 1 + VarintSize(entry) + entry;
-    if (lend && Lends(t)) {
+    if (lent != nullptr && Lends(t)) {
       framing -= t.data.size();
       ++*lent;
     }
@@ -527,7 +527,7 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
   // each large tensor are not copied but lent to gRPC as a slice of their
   // own, backed by `outputs` until gRPC has written the last of them.
   int lent = 0;
-  const size_t framing = FramingBytes(outputs, backend, true, &lent);
+  const size_t framing = FramingBytes(outputs, backend, &lent);
   LentOutputs* owner = nullptr;
   if (lent > 0) owner = new LentOutputs{std::move(outputs), {lent}};
   EncodeWire(owner != nullptr ? owner->outputs : outputs, backend, framing, owner, nullptr, out);
@@ -535,8 +535,7 @@ void EncodeFusedOpWire(TensorMap outputs, const std::string& backend, grpc::Byte
 
 void EarlyFusedOpResponse::Encode(const TensorMap& pending) {
   places_.clear();
-  int lent = 0;
-  EncodeWire(pending, *backend_, FramingBytes(pending, *backend_, false, &lent), nullptr, &places_, out_);
+  EncodeWire(pending, *backend_, FramingBytes(pending, *backend_, nullptr), nullptr, &places_, out_);
   encoded_ = true;
 }
 

@@ -19,7 +19,10 @@
 #   FS_FLAGS (env) adds flags to every fusedserve row. Rows: echo-{sync,
 #   callback,async}[-health] (bare gRPC), echo-async-1cq (one queue, one
 #   thread), echo-async-4 (four queues and threads), echo-async-sharedcq
-#   (one queue polled by every thread), echo-{sync,async}-poll and
+#   (one queue polled by every thread), echo-async-spin (two threads that
+#   never block), echo-async-spin200 (each thread polls without blocking
+#   for 200 us after each event, as fusedserve does by default;
+#   fusedserve-nospin: --grpc_poll_spin_us=0), echo-{sync,async}-poll and
 #   fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
 #   fusedserve (this build's defaults), fusedserve-cpu (--device=cpu: the
 #   same host path, the op on the CPU backend), fusedserve-sharedcq (--grpc_cqs=1),
@@ -67,6 +70,7 @@ cmd[echo-async-health]="fusedserve_grpc_floor_server --model=async --threads=$co
 cmd[echo-async-1cq]="fusedserve_grpc_floor_server --model=async --threads=1"
 cmd[echo-async-sharedcq]="fusedserve_grpc_floor_server --model=async --threads=$cores --cqs=1"
 cmd[echo-async-spin]="fusedserve_grpc_floor_server --model=async --threads=2 --spin"
+cmd[echo-async-spin200]="fusedserve_grpc_floor_server --model=async --threads=$cores --spin_us=200"
 cmd[echo-async-4]="fusedserve_grpc_floor_server --model=async --threads=4"
 cmd[echo-async-poll]="fusedserve_grpc_floor_server --model=async --threads=$cores"
 cmd[echo-sync-poll]="fusedserve_grpc_floor_server --model=sync"
@@ -83,6 +87,7 @@ cmd[fusedserve-nobatch]="fusedserve $fs --batching=false"
 cmd[fusedserve-worker-answer]="fusedserve $fs --fused_op_answer_on_poller=false"
 cmd[fusedserve-protobuf]="fusedserve $fs --fused_op_wire_codec=false"
 cmd[fusedserve-4]="fusedserve $fs --grpc_pollers=4"
+cmd[fusedserve-nospin]="fusedserve $fs --grpc_poll_spin_us=0"
 cmd[fusedserve-lanes2]="fusedserve $fs --cuda_small_op_lanes=2"
 cmd[fusedserve-lanes4]="fusedserve $fs --cuda_small_op_lanes=4"
 cmd[fusedserve-lanes8]="fusedserve $fs --cuda_small_op_lanes=8"

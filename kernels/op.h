@@ -25,7 +25,7 @@
 // A request is resolved to its OpSpec once, by validation (or by
 // MakeRandomRequest): OpRequest::spec. Code past validation reads r.spec and
 // never searches by name; FindOpSpec is for names from elsewhere (flags,
-// envelope and cache files), through a hash map.
+// envelope and cache files) and for the FusedOp request's op name.
 #pragma once
 
 #include <cstdint>
@@ -82,6 +82,9 @@ struct OpCost {
   // such as swiglu_mlp's [M, 2I] activations.
   double scratch_bytes = 0;
   double flops = 0;  // a multiply-add counts 2
+  // The inputs' and outputs' elements, set before OpSpec::add_cost runs
+  // (a memory-bound op's flops are a handful per element).
+  double elements = 0;
 };
 
 // How the batcher lines an op's inputs up with rows (tokens).
@@ -173,8 +176,6 @@ const OpSpec* FindOpSpec(const std::string& op);
 std::vector<int64_t> TuningKey(const OpRequest& request);
 
 OpCost EstimateCost(const OpRequest& request);
-// The generic part of the flops of a memory-bound op: a handful per element.
-double ElementwiseFlops(const OpRequest& request);
 
 // The softmax scale of attention / attention_decode: the "scale" attribute,
 // or 1/sqrt(head dim) when it is 0 (its default).

@@ -1,16 +1,39 @@
 #include "server/async_calls.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 
 #include "google/protobuf/unknown_field_set.h"
+#include "kernels/clock.h"
 
 namespace fusedserve {
 
-void PollCompletionQueue(grpc::ServerCompletionQueue* cq) {
+void PollCompletionQueue(grpc::ServerCompletionQueue* cq, absl::Duration spin) {
   void* tag = nullptr;
   bool ok = false;
-  while (cq->Next(&tag, &ok)) static_cast<CqTag*>(tag)->Proceed(ok);
+  if (spin <= absl::ZeroDuration()) {
+    while (cq->Next(&tag, &ok)) static_cast<CqTag*>(tag)->Proceed(ok);
+    return;
+  }
+  absl::Time spin_until = absl::InfinitePast();
+  for (;;) {
+    // A past deadline still polls the queue's connections once, without waiting.
+    const bool spinning = FastNow() < spin_until;
+    switch (
+        cq->AsyncNext(&tag, &ok, spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_MONOTONIC))) {
+      case grpc::CompletionQueue::SHUTDOWN:
+        return;
+      case grpc::CompletionQueue::GOT_EVENT:
+        static_cast<CqTag*>(tag)->Proceed(ok);
+        spin_until = FastNow() + spin;
+        break;
+      case grpc::CompletionQueue::TIMEOUT:
+        sched_yield();  // other threads (a client on the same host, the other queues) run first
+        break;
+    }
+  }
 }
 
 // ---- FusedServe --------------------------------------------------------------

@@ -116,6 +116,11 @@ ABSL_FLAG(std::string, grpc_poll_strategy, "poll",
           "completion queue's thread polls the connections it accepted, so the thread that reads a call serves it: "
           "no hand-off between threads per call; see bench/run_grpc_floor.sh) or epoll1 (gRPC's default: one epoll "
           "set any polling thread reads; for many thousands of connections); empty: gRPC's default");
+ABSL_FLAG(int, grpc_poll_spin_us, 200,
+          "--fused_op_api=async: after each event a polling thread keeps polling its queue without blocking for "
+          "this long, yielding the core between polls, so that a steady client's next request does not find it "
+          "asleep (on a VM, a halted vCPU's wake-up costs tens of microseconds); idle queues block. 0: block at "
+          "once. See bench/run_grpc_floor.sh");
 ABSL_FLAG(bool, fused_op_answer_on_poller, true,
           "--fused_op_api=async: a FusedOp run by a scheduler worker (queued, or merged into a batch) is answered "
           "(encoded and written) on its call's own polling thread, handed over through the queue, so the answers of "
@@ -445,6 +450,7 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const ValidationLimits& l
     return absl::InvalidArgumentError("--fused_op_api must be callback, sync or async (got '" + api + "')");
   }
   o.answer_on_poller = absl::GetFlag(FLAGS_fused_op_answer_on_poller);
+  o.poll_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_grpc_poll_spin_us)));
   o.wire_codec = absl::GetFlag(FLAGS_fused_op_wire_codec);
   o.fused_op_api = api == "sync"    ? ServiceOptions::FusedOpApi::kSync
                    : api == "async" ? ServiceOptions::FusedOpApi::kAsync

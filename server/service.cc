@@ -160,6 +160,7 @@ class FusedServeService::FusedOpCall final : public grpc::ServerUnaryReactor {
   explicit FusedOpCall(FusedServeService* service) : service_(service) {}
 
   void Start(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer& raw_request, grpc::ByteBuffer* raw_response) {
+    Metrics::DeferScope defer;  // this call's metric updates wait until Finish (an inline run writes the answer)
     start_ = FastNow();
     service_->CallStarted();
     response_ = raw_response;
@@ -240,6 +241,8 @@ class FusedServeService::AsyncFusedOpSlot {
     Kind kind;
     Tag(AsyncFusedOpSlot* s, Kind k) : slot(s), kind(k) {}
     void Proceed(bool ok) override {
+      // This call's metric updates wait until its answer is written.
+      Metrics::DeferScope defer;
       switch (kind) {
         case Kind::kDoneNotice:
           return slot->Event();
@@ -359,7 +362,7 @@ void FusedServeService::PollAsync(grpc::ServerCompletionQueue* cq) {
   // the polling threads from the scheduler's workers.
   pthread_setname_np(pthread_self(), "fs-cq");
   t_polling_cq = cq;
-  PollCompletionQueue(cq);
+  PollCompletionQueue(cq, options_.poll_spin);
 }
 
 // The async API's unary handlers (FusedOp aside) and Generate's: each as its

@@ -40,6 +40,9 @@ struct ServiceOptions {
   // kAsync: a result from a scheduler worker is answered on the call's own
   // polling thread (handed over through the queue) rather than on the worker.
   bool answer_on_poller = true;
+  // kAsync: how long a polling thread keeps polling its queue without
+  // blocking after each event (PollCompletionQueue).
+  absl::Duration poll_spin = absl::ZeroDuration();
   // FusedOp bodies decoded and encoded by server/fused_op_wire.h (protobuf
   // only for what it leaves); false: protobuf messages throughout.
   bool wire_codec = true;

@@ -39,6 +39,37 @@ bool IsLoopback(const std::string& listen) {
 
 std::atomic<uint64_t> g_next_metrics_id{1};
 
+// The updates a Metrics::DeferScope holds on this thread.
+struct DeferredUpdates {
+  struct Update {
+    Histogram* histogram;          // observes value, or else
+    prometheus::Counter* counter;  // is incremented
+    double value;
+  };
+  bool active = false;
+  int n = 0;
+  Update updates[Metrics::kMaxDeferred];
+};
+thread_local DeferredUpdates t_deferred;
+
+void Observe(Histogram& h, double value) {
+  DeferredUpdates& d = t_deferred;
+  if (d.active && d.n < Metrics::kMaxDeferred) {
+    d.updates[d.n++] = {&h, nullptr, value};
+    return;
+  }
+  h.Observe(value);
+}
+
+void Increment(prometheus::Counter& c) {
+  DeferredUpdates& d = t_deferred;
+  if (d.active && d.n < Metrics::kMaxDeferred) {
+    d.updates[d.n++] = {nullptr, &c, 0};
+    return;
+  }
+  c.Increment();
+}
+
 // The series of `family` for one set of label values, looked up once per
 // thread. prometheus-cpp's Family::Add builds a label map, hashes it and
 // takes the family's mutex on every call; the FusedOp path records several
@@ -260,32 +291,59 @@ absl::Status Metrics::Serve(const MetricsServeOptions& o) {
   return absl::OkStatus();
 }
 
+Metrics::DeferScope::DeferScope() : outermost_(!t_deferred.active) { t_deferred.active = true; }
+
+Metrics::DeferScope::~DeferScope() {
+  if (!outermost_) return;
+  DeferredUpdates& d = t_deferred;
+  d.active = false;
+  for (int i = 0; i < d.n; ++i) {
+    const DeferredUpdates::Update& u = d.updates[i];
+    if (u.histogram != nullptr) {
+      u.histogram->Observe(u.value);
+    } else {
+      u.counter->Increment();
+    }
+  }
+  d.n = 0;
+}
+
+void Metrics::RecordStage(Stage stage, double seconds) { Observe(*stages_[static_cast<int>(stage)], seconds); }
+
 void Metrics::RecordRequest(const std::string& rpc, const std::string& op, const std::string& code, double seconds) {
-  CachedSeries<prometheus::Counter>(id_, requests_, {rpc, op, code}, [&]() -> prometheus::Counter& {
+  Increment(CachedSeries<prometheus::Counter>(id_, requests_, {rpc, op, code}, [&]() -> prometheus::Counter& {
     return requests_->Add({{"rpc", rpc}, {"op", op}, {"code", code}});
-  }).Increment();
-  CachedSeries<Histogram>(id_, request_duration_, {rpc, op}, [&]() -> Histogram& {
-    return request_duration_->Add({{"rpc", rpc}, {"op", op}}, LatencyBuckets());
-  }).Observe(seconds);
+  }));
+  Observe(CachedSeries<Histogram>(id_, request_duration_, {rpc, op},
+                                  [&]() -> Histogram& {
+                                    return request_duration_->Add({{"rpc", rpc}, {"op", op}}, LatencyBuckets());
+                                  }),
+          seconds);
 }
 
 void Metrics::RecordQueue(const std::string& op, double seconds) {
-  CachedSeries<Histogram>(id_, queue_duration_, {op}, [&]() -> Histogram& {
-    return queue_duration_->Add({{"op", op}}, LatencyBuckets());
-  }).Observe(seconds);
+  Observe(CachedSeries<Histogram>(id_, queue_duration_, {op},
+                                  [&]() -> Histogram& {
+                                    return queue_duration_->Add({{"op", op}}, LatencyBuckets());
+                                  }),
+          seconds);
   RecordStage(Stage::kQueue, seconds);
 }
 
 void Metrics::RecordBatch(const std::string& op, int requests) {
-  CachedSeries<Histogram>(id_, batch_size_, {op}, [&]() -> Histogram& {
-    return batch_size_->Add({{"op", op}}, BatchBuckets());
-  }).Observe(requests);
+  Observe(CachedSeries<Histogram>(id_, batch_size_, {op},
+                                  [&]() -> Histogram& {
+                                    return batch_size_->Add({{"op", op}}, BatchBuckets());
+                                  }),
+          requests);
 }
 
 void Metrics::RecordKernel(const std::string& op, double seconds) {
-  CachedSeries<Histogram>(id_, kernel_duration_, {op}, [&]() -> Histogram& {
-    return kernel_duration_->Add({{"op", op}}, LatencyBuckets());
-  }).Observe(seconds);
+  Observe(CachedSeries<Histogram>(id_, kernel_duration_, {op},
+                                  [&]() -> Histogram& {
+                                    return kernel_duration_->Add({{"op", op}}, LatencyBuckets());
+                                  }),
+          seconds);
 }
 
 prometheus::Gauge& Metrics::QueueDepth(const std::string& op) {

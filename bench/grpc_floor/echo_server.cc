@@ -10,13 +10,17 @@
 //             keeping --calls_per_cq FusedOp calls requested per thread;
 //             --cqs=N shares N queues among the threads instead (round
 //             robin); --spin polls the queue with a zero timeout instead of
-//             sleeping in it.
+//             sleeping in it; --spin_us=N does so for N us after each
+//             event, then sleeps (fusedserve's --grpc_poll_spin_us).
 // Channel/server arguments under test: --max_concurrent_streams,
 // --minimal_stack, --quota_threads (a ResourceQuota's thread cap) and
 // --bdp_probe. GetServerInfo answers device "echo-<model>".
 // Run by bench/run_grpc_floor.sh against the same load generator and message
 // as fusedserve.
+#include <sched.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -39,6 +43,9 @@ ABSL_FLAG(int, threads, 0, "async: completion queues (one polling thread each); 
 ABSL_FLAG(int, calls_per_cq, 64, "async: FusedOp calls kept requested on each completion queue, per polling thread");
 ABSL_FLAG(int, cqs, 0, "async: completion queues shared by the --threads polling threads (0: one per thread)");
 ABSL_FLAG(bool, spin, false, "async: poll the queues with a zero timeout (busy) instead of blocking");
+ABSL_FLAG(int, spin_us, 0,
+          "async: after each event keep polling with a zero timeout for this long, yielding between polls, then "
+          "block (fusedserve's --grpc_poll_spin_us)");
 ABSL_FLAG(int, max_concurrent_streams, 0, "GRPC_ARG_MAX_CONCURRENT_STREAMS (0: gRPC's default)");
 ABSL_FLAG(bool, minimal_stack, false, "GRPC_ARG_MINIMAL_STACK (no deadline/census filters)");
 ABSL_FLAG(int, quota_threads, 0, "ResourceQuota::SetMaxThreads (0: none)");
@@ -148,9 +155,24 @@ using FusedOpSlot = UnarySlot<FusedOpRequest, FusedOpResponse, &v1::FusedServe::
 using InfoSlot =
     UnarySlot<v1::GetServerInfoRequest, v1::GetServerInfoResponse, &v1::FusedServe::AsyncService::RequestGetServerInfo>;
 
-void Poll(grpc::ServerCompletionQueue* cq, bool spin) {
+void Poll(grpc::ServerCompletionQueue* cq, bool spin, int spin_us) {
   void* tag = nullptr;
   bool ok = false;
+  if (!spin && spin_us > 0) {
+    auto spin_until = std::chrono::steady_clock::time_point::min();
+    for (;;) {
+      const bool spinning = std::chrono::steady_clock::now() < spin_until;
+      const auto r =
+          cq->AsyncNext(&tag, &ok, spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_MONOTONIC));
+      if (r == grpc::CompletionQueue::SHUTDOWN) return;
+      if (r == grpc::CompletionQueue::GOT_EVENT) {
+        static_cast<AsyncCall*>(tag)->Proceed(ok);
+        spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+      } else {
+        sched_yield();
+      }
+    }
+  }
   if (!spin) {
     while (cq->Next(&tag, &ok)) static_cast<AsyncCall*>(tag)->Proceed(ok);
     return;
@@ -220,7 +242,7 @@ int Main() {
     slots.push_back(std::make_unique<InfoSlot>(&async_service, cqs[q].get()));
   }
   for (int t = 0; t < (cqs.empty() ? 0 : threads); ++t) {
-    pollers.emplace_back(Poll, cqs[t % cqs.size()].get(), absl::GetFlag(FLAGS_spin));
+    pollers.emplace_back(Poll, cqs[t % cqs.size()].get(), absl::GetFlag(FLAGS_spin), absl::GetFlag(FLAGS_spin_us));
   }
   // Runs until killed (a benchmark fixture; no drain).
   server->Wait();

@@ -78,6 +78,6 @@ OutputShapeList LikeX(const OpRequest& r, std::initializer_list<const char*> nam
   return out;
 }
 
-void ElementwiseCost(const OpRequest& r, OpCost* cost) { cost->flops = ElementwiseFlops(r); }
+void ElementwiseCost(const OpRequest&, OpCost* cost) { cost->flops = 8 * cost->elements; }
 
 }  // namespace fusedserve::ops

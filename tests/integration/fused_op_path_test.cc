@@ -94,6 +94,12 @@ void SequentialCallsRunInlineAndStampEveryStage(const std::vector<std::string>& 
 
 TEST(FusedOpPath, SequentialCallsRunInlineAndStampEveryStage) { SequentialCallsRunInlineAndStampEveryStage({}); }
 
+// Polling threads that block at once after each event (the default keeps
+// polling for a while first).
+TEST(FusedOpPath, BlockingPollersRunInlineAndStampEveryStage) {
+  SequentialCallsRunInlineAndStampEveryStage({"--grpc_poll_spin_us=0"});
+}
+
 TEST(FusedOpPath, SyncApiRunsInlineAndStampsEveryStage) {
   SequentialCallsRunInlineAndStampEveryStage({"--fused_op_api=sync"});
 }

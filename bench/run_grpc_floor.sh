@@ -20,9 +20,11 @@
 #   callback,async}[-health] (bare gRPC), echo-async-1cq (one queue, one
 #   thread), echo-async-4 (four queues and threads), echo-async-sharedcq
 #   (one queue polled by every thread), echo-async-spin (two threads that
-#   never block), echo-async-spin200 (each thread polls without blocking
-#   for 200 us after each event, as fusedserve does by default;
-#   fusedserve-nospin: --grpc_poll_spin_us=0), echo-{sync,async}-poll and
+#   never block), echo-async-spin{100,200} (poll engine, each thread polls
+#   without blocking for 100 or 200 us after each event; fusedserve's default
+#   is 100), fusedserve-nospin, -spin50, -spin200 (--grpc_poll_spin_us=0,
+#   50, 200),
+#   echo-{sync,async}-poll and
 #   fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
 #   fusedserve (this build's defaults), fusedserve-cpu (--device=cpu: the
 #   same host path, the op on the CPU backend), fusedserve-sharedcq (--grpc_cqs=1),
@@ -71,6 +73,7 @@ cmd[echo-async-1cq]="fusedserve_grpc_floor_server --model=async --threads=1"
 cmd[echo-async-sharedcq]="fusedserve_grpc_floor_server --model=async --threads=$cores --cqs=1"
 cmd[echo-async-spin]="fusedserve_grpc_floor_server --model=async --threads=2 --spin"
 cmd[echo-async-spin200]="fusedserve_grpc_floor_server --model=async --threads=$cores --spin_us=200"
+cmd[echo-async-spin100]="fusedserve_grpc_floor_server --model=async --threads=$cores --spin_us=100"
 cmd[echo-async-4]="fusedserve_grpc_floor_server --model=async --threads=4"
 cmd[echo-async-poll]="fusedserve_grpc_floor_server --model=async --threads=$cores"
 cmd[echo-sync-poll]="fusedserve_grpc_floor_server --model=sync"
@@ -88,6 +91,8 @@ cmd[fusedserve-worker-answer]="fusedserve $fs --fused_op_answer_on_poller=false"
 cmd[fusedserve-protobuf]="fusedserve $fs --fused_op_wire_codec=false"
 cmd[fusedserve-4]="fusedserve $fs --grpc_pollers=4"
 cmd[fusedserve-nospin]="fusedserve $fs --grpc_poll_spin_us=0"
+cmd[fusedserve-spin50]="fusedserve $fs --grpc_poll_spin_us=50"
+cmd[fusedserve-spin200]="fusedserve $fs --grpc_poll_spin_us=200"
 cmd[fusedserve-lanes2]="fusedserve $fs --cuda_small_op_lanes=2"
 cmd[fusedserve-lanes4]="fusedserve $fs --cuda_small_op_lanes=4"
 cmd[fusedserve-lanes8]="fusedserve $fs --cuda_small_op_lanes=8"
@@ -109,6 +114,8 @@ envs[fusedserve-prev]="FUSEDSERVE_WAIT_YIELD=0"  # the defaults before lanes and
 # gRPC's poll() engine: each queue's pollset polls only its own connections
 # (epoll1, the default, has one epoll set that any polling thread may read).
 envs[echo-async-poll]="GRPC_POLL_STRATEGY=poll"
+envs[echo-async-spin200]="GRPC_POLL_STRATEGY=poll"  # fusedserve's engine and polling
+envs[echo-async-spin100]="GRPC_POLL_STRATEGY=poll"
 envs[echo-sync-poll]="GRPC_POLL_STRATEGY=poll"
 envs[fusedserve-poll]="GRPC_POLL_STRATEGY=poll"
 envs[fusedserve-epoll1-zc64k]="FUSEDSERVE_ZERO_COPY_BYTES=65536"  # the defaults before the poll engine

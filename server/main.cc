@@ -116,7 +116,7 @@ ABSL_FLAG(std::string, grpc_poll_strategy, "poll",
           "completion queue's thread polls the connections it accepted, so the thread that reads a call serves it: "
           "no hand-off between threads per call; see bench/run_grpc_floor.sh) or epoll1 (gRPC's default: one epoll "
           "set any polling thread reads; for many thousands of connections); empty: gRPC's default");
-ABSL_FLAG(int, grpc_poll_spin_us, 200,
+ABSL_FLAG(int, grpc_poll_spin_us, 100,
           "--fused_op_api=async: after each event a polling thread keeps polling its queue without blocking for "
           "this long, yielding the core between polls, so that a steady client's next request does not find it "
           "asleep (on a VM, a halted vCPU's wake-up costs tens of microseconds); idle queues block. 0: block at "

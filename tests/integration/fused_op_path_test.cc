@@ -82,14 +82,21 @@ void SequentialCallsRunInlineAndStampEveryStage(const std::vector<std::string>& 
   ASSERT_NE(server, nullptr);
   constexpr int kCalls = 20;
   for (int i = 0; i < kCalls; ++i) CallAndCheck(*server, 100 + i);
-  const std::string m = ScrapeUntil(*server, [](const std::string& s) { return StageCount(s, "send") >= kCalls; });
+  // Every update made (those of a call land after its answer is written).
+  const std::string requests = "fusedserve_requests_total{code=\"OK\",op=\"rms_norm\",rpc=\"FusedOp\"}";
+  const std::string m = ScrapeUntil(*server, [&](const std::string& s) {
+    for (const char* stage : kStages) {
+      if (StageCount(s, stage) < kCalls) return false;
+    }
+    return Sample(s, requests) >= kCalls;
+  });
   // One at a time: each found the scheduler idle and ran on its gRPC thread.
   EXPECT_EQ(Sample(m, "fusedserve_inline_launches_total"), kCalls) << m;
   for (const char* stage : kStages) EXPECT_EQ(StageCount(m, stage), kCalls) << stage;
   // The CPU backend does not split its work: it is all "kernel".
   EXPECT_EQ(Sample(m, "fusedserve_fused_op_stage_seconds_sum{stage=\"h2d\"}"), 0);
   EXPECT_GT(Sample(m, "fusedserve_fused_op_stage_seconds_sum{stage=\"kernel\"}"), 0);
-  EXPECT_EQ(Sample(m, "fusedserve_requests_total{code=\"OK\",op=\"rms_norm\",rpc=\"FusedOp\"}"), kCalls);
+  EXPECT_EQ(Sample(m, requests), kCalls);
 }
 
 TEST(FusedOpPath, SequentialCallsRunInlineAndStampEveryStage) { SequentialCallsRunInlineAndStampEveryStage({}); }
@@ -111,7 +118,8 @@ TEST(FusedOpPath, InlineOffSendsEveryRequestToTheWorkers) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start({"--inline_max_bytes=0"});
   ASSERT_NE(server, nullptr);
   for (int i = 0; i < 5; ++i) CallAndCheck(*server, 200 + i);
-  const std::string m = ScrapeUntil(*server, [](const std::string& s) { return StageCount(s, "send") >= 5; });
+  const std::string m = ScrapeUntil(
+      *server, [](const std::string& s) { return StageCount(s, "send") >= 5 && StageCount(s, "queue") >= 5; });
   EXPECT_EQ(Sample(m, "fusedserve_inline_launches_total"), 0);
   EXPECT_EQ(StageCount(m, "queue"), 5);
 }
@@ -172,8 +180,10 @@ void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
     });
   }
   for (std::thread& t : threads) t.join();
-  const std::string m =
-      ScrapeUntil(*server, [](const std::string& s) { return StageCount(s, "send") >= kThreads * kEach; });
+  const std::string m = ScrapeUntil(*server, [](const std::string& s) {
+    return StageCount(s, "send") >= kThreads * kEach && StageCount(s, "decode") >= kThreads * kEach &&
+           Sample(s, "fusedserve_batch_size_sum{op=\"rms_norm\"}") >= kThreads * kEach;
+  });
   const double requests = Sample(m, "fusedserve_batch_size_sum{op=\"rms_norm\"}");
   const double launches = Sample(m, "fusedserve_batch_size_count{op=\"rms_norm\"}");
   EXPECT_EQ(requests, kThreads * kEach) << m;

@@ -1,6 +1,7 @@
 """Health, GetServerInfo, /metrics and shutdown of the real server, through the Python client."""
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -85,9 +86,16 @@ def test_metrics_count_requests(client, server):
     x, w = np.ones((2, 8), np.float32), np.ones(8, np.float32)
     for _ in range(3):
         client.fused_op("rms_norm", x=x, weight=w)
-    text = server.scrape()
+    # A call's metric updates land just after its answer is written.
+    deadline = time.monotonic() + 10
+    while True:
+        text = server.scrape()
+        after = _sample(text, "fusedserve_requests_total", op="rms_norm", code="OK")
+        timed = _sample(text, "fusedserve_request_duration_seconds_count", op="rms_norm") or 0.0
+        if (after is not None and after - before >= 3 and timed >= 3) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert "fusedserve_requests_total" in text
-    after = _sample(text, "fusedserve_requests_total", op="rms_norm", code="OK")
     assert after is not None, "no fusedserve_requests_total sample with op=\"rms_norm\",code=\"OK\":\n" + \
         "\n".join(l for l in text.splitlines() if l.startswith("fusedserve_requests_total"))
     assert after - before >= 3

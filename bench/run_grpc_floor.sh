@@ -23,9 +23,7 @@
 #   never block), echo-async-spin{100,200} (poll engine, each thread polls
 #   without blocking for 100 or 200 us after each event; fusedserve's default
 #   is 100), fusedserve-nospin, -spin50, -spin200 (--grpc_poll_spin_us=0,
-#   50, 200),
-#   echo-{sync,async}-poll and
-#   fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
+#   50, 200), echo-{sync,async}-poll and fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
 #   fusedserve (this build's defaults), fusedserve-cpu (--device=cpu: the
 #   same host path, the op on the CPU backend), fusedserve-sharedcq (--grpc_cqs=1),
 #   fusedserve-{callback,sync,async} (--fused_op_api), fusedserve-nozc (CUDA
@@ -227,21 +225,24 @@ if [ -n "$echos" ]; then
   echo
   echo "| server | c=1 p50 / best echo's (same round) | c=1 p50 less its kernel stage / best echo's | c=64 req/s / best echo's (same round) |"
   echo "|---|---|---|---|"
+  # Each round's best echo ("round value" lines): the lowest c=1 p50, the
+  # highest c=64 throughput.
+  # shellcheck disable=SC2086
+  best_c1=$(for e in $echos; do awk '{print NR, $4}' "$out/$e-c1.txt"; done |
+    awk '{ if (!($1 in b) || $2 < b[$1]) b[$1] = $2 } END { for (r in b) print r, b[r] }' | sort -n)
+  # shellcheck disable=SC2086
+  best_c64=$(for e in $echos; do awk '{print NR, $3}' "$out/$e-c64.txt"; done |
+    awk '{ if (!($1 in b) || $2 > b[$1]) b[$1] = $2 } END { for (r in b) print r, b[r] }' | sort -n)
   for s in $servers; do
     case $s in fusedserve*) [ -s "$out/$s-c1.txt" ] || continue ;; *) continue ;; esac
-    # shellcheck disable=SC2086
-    c1=$(for e in $echos; do awk -v e="$e" '{print NR, e, $4}' "$out/$e-c1.txt"; done |
-      awk '{ if (!($1 in b) || $3 < b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
-      sort -n | paste -d' ' - <(awk '{print $4}' "$out/$s-c1.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
+    c1=$(paste -d' ' <(echo "$best_c1") <(awk '{print $4}' "$out/$s-c1.txt") |
+      awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
     # The same pairing with the round's mean kernel stage taken off: what the
     # server's host path costs beyond the echo, without the op itself.
-    c1_host=$(for e in $echos; do awk -v e="$e" '{print NR, e, $4}' "$out/$e-c1.txt"; done |
-      awk '{ if (!($1 in b) || $3 < b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
-      sort -n | paste -d' ' - <(awk '{print $4}' "$out/$s-c1.txt") <(cat "$out/$s-c1-kernel.txt" 2>/dev/null) |
-      awk 'NF == 4 {printf "%.3f\n", ($3 - $4) / $2}' | median)
-    c64=$(for e in $echos; do awk -v e="$e" '{print NR, e, $3}' "$out/$e-c64.txt"; done |
-      awk '{ if (!($1 in b) || $3 > b[$1]) b[$1] = $3 } END { for (r in b) print r, b[r] }' |
-      sort -n | paste -d' ' - <(awk '{print $3}' "$out/$s-c64.txt") | awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
+    c1_host=$(paste -d' ' <(echo "$best_c1") <(awk '{print $4}' "$out/$s-c1.txt") \
+      <(cat "$out/$s-c1-kernel.txt" 2>/dev/null) | awk 'NF == 4 {printf "%.3f\n", ($3 - $4) / $2}' | median)
+    c64=$(paste -d' ' <(echo "$best_c64") <(awk '{print $3}' "$out/$s-c64.txt") |
+      awk 'NF == 3 {printf "%.3f\n", $3 / $2}' | median)
     echo "| $s | $c1 | $c1_host | $c64 |"
   done
 fi

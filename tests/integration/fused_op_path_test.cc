@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -45,17 +46,10 @@ double StageCount(const std::string& metrics, const std::string& stage) {
   return Sample(metrics, "fusedserve_fused_op_stage_seconds_count{stage=\"" + stage + "\"}");
 }
 
-// Scrapes until `pred` holds (the send stage is recorded after the client
-// already has its answer) or 10 s pass; returns the last scrape.
-template <typename Pred>
-std::string ScrapeUntil(const ServerProcess& server, Pred pred) {
-  std::string m;
-  for (int i = 0; i < 200; ++i) {
-    m = testing::HttpGet(server.metrics_port(), "/metrics");
-    if (pred(m)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return m;
+// Scrapes until `pred` holds (a call's updates, the send stage last, land
+// after the client already has its answer).
+std::string ScrapeUntil(const ServerProcess& server, const std::function<bool(const std::string&)>& pred) {
+  return testing::ScrapeUntil(server.metrics_port(), pred);
 }
 
 // One rms_norm call checked against the CPU reference; every call shares

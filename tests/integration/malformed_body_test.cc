@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <future>
 #include <string>
-#include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
@@ -66,12 +65,10 @@ TEST_F(MalformedBodyTest, FusedOpSaysTheBodyIsNotAFusedOpRequest) {
   // Counted like any other rejected request (a call's metric updates land
   // just after its answer is written: scrape until they are there).
   const std::string counted = "fusedserve_requests_total{code=\"INVALID_ARGUMENT\",op=\"unknown\",rpc=\"FusedOp\"} 2";
-  bool found = false;
-  for (int i = 0; i < 100 && !found; ++i) {
-    found = testing::HttpGet(server_->metrics_port(), "/metrics").find(counted) != std::string::npos;
-    if (!found) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_TRUE(found) << counted;
+  EXPECT_NE(testing::ScrapeUntil(server_->metrics_port(),
+                                 [&](const std::string& m) { return m.find(counted) != std::string::npos; })
+                .find(counted),
+            std::string::npos);
 }
 
 // Generate and Tokenize parse their bodies themselves too (so that text that

@@ -78,6 +78,16 @@ std::string HttpGet(int port, const std::string& path) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
+std::string ScrapeUntil(int metrics_port, const std::function<bool(const std::string&)>& pred) {
+  std::string m;
+  for (int i = 0; i < 200; ++i) {
+    m = HttpGet(metrics_port, "/metrics");
+    if (pred(m)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return m;
+}
+
 std::shared_ptr<grpc::Channel> ServerProcess::NewChannel(std::shared_ptr<grpc::ChannelCredentials> credentials) const {
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(-1);

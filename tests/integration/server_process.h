@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,11 @@ int FreePort();
 
 // GET http://127.0.0.1:port/path; returns the body ("" on failure).
 std::string HttpGet(int port, const std::string& path);
+
+// Scrapes http://127.0.0.1:metrics_port/metrics until `pred` holds or 10 s
+// pass; returns the last scrape. For updates made after the client has its
+// answer (a FusedOp call's metrics land just after its response is written).
+std::string ScrapeUntil(int metrics_port, const std::function<bool(const std::string&)>& pred);
 
 class ServerProcess {
  public:

@@ -7,7 +7,8 @@
 #   c=1:  sync client, one stream: p50/p99 latency;
 #   c=64: callback client, 8 connections: throughput, and the server's CPU
 #         time per request (all its threads, from /proc/PID/stat, and by
-#         thread name); then over one connection (CONN1=0 skips it).
+#         thread name); then over one connection (CONN1=0 skips it);
+#   c=MID (env MID=N): N sync clients on N connections, p50/p99 latency.
 # Usage: [BASE=BASE_BINDIR] run_grpc_floor.sh BINDIR [ROUNDS] [SECONDS]
 #   BINDIR holds fusedserve, fusedserve_loadgen, fusedserve_grpc_floor_server
 #   (a build's bin folder, or a bundle-libs.sh bundle: then BINDIR/../env.sh
@@ -22,8 +23,10 @@
 #   (one queue polled by every thread), echo-async-spin (two threads that
 #   never block), echo-async-spin{100,200} (poll engine, each thread polls
 #   without blocking for 100 or 200 us after each event; fusedserve's default
-#   is 100), fusedserve-nospin, -spin50, -spin200 (--grpc_poll_spin_us=0,
-#   50, 200), echo-{sync,async}-poll and fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
+#   is 100), echo-async-spin100-4 (at most four of them spin at once),
+#   fusedserve-nospin, -spin50, -spin200 (--grpc_poll_spin_us=0, 50, 200),
+#   fusedserve-spinall, -spinners{1,2,8} (--grpc_poll_spinners=0: every
+#   polling thread may spin; 1, 2, 8; the default is 4), echo-{sync,async}-poll and fusedserve-poll (gRPC's poll() engine), fusedserve-4 (--grpc_pollers=4),
 #   fusedserve (this build's defaults), fusedserve-cpu (--device=cpu: the
 #   same host path, the op on the CPU backend), fusedserve-sharedcq (--grpc_cqs=1),
 #   fusedserve-{callback,sync,async} (--fused_op_api), fusedserve-nozc (CUDA
@@ -72,6 +75,7 @@ cmd[echo-async-sharedcq]="fusedserve_grpc_floor_server --model=async --threads=$
 cmd[echo-async-spin]="fusedserve_grpc_floor_server --model=async --threads=2 --spin"
 cmd[echo-async-spin200]="fusedserve_grpc_floor_server --model=async --threads=$cores --spin_us=200"
 cmd[echo-async-spin100]="fusedserve_grpc_floor_server --model=async --threads=$cores --spin_us=100"
+cmd[echo-async-spin100-4]="fusedserve_grpc_floor_server --model=async --threads=$cores --spin_us=100 --spinners=4"
 cmd[echo-async-4]="fusedserve_grpc_floor_server --model=async --threads=4"
 cmd[echo-async-poll]="fusedserve_grpc_floor_server --model=async --threads=$cores"
 cmd[echo-sync-poll]="fusedserve_grpc_floor_server --model=sync"
@@ -89,6 +93,10 @@ cmd[fusedserve-worker-answer]="fusedserve $fs --fused_op_answer_on_poller=false"
 cmd[fusedserve-protobuf]="fusedserve $fs --fused_op_wire_codec=false"
 cmd[fusedserve-4]="fusedserve $fs --grpc_pollers=4"
 cmd[fusedserve-nospin]="fusedserve $fs --grpc_poll_spin_us=0"
+cmd[fusedserve-spinall]="fusedserve $fs --grpc_poll_spinners=0"
+cmd[fusedserve-spinners1]="fusedserve $fs --grpc_poll_spinners=1"
+cmd[fusedserve-spinners2]="fusedserve $fs --grpc_poll_spinners=2"
+cmd[fusedserve-spinners8]="fusedserve $fs --grpc_poll_spinners=8"
 cmd[fusedserve-spin50]="fusedserve $fs --grpc_poll_spin_us=50"
 cmd[fusedserve-spin200]="fusedserve $fs --grpc_poll_spin_us=200"
 cmd[fusedserve-lanes2]="fusedserve $fs --cuda_small_op_lanes=2"
@@ -114,6 +122,7 @@ envs[fusedserve-prev]="FUSEDSERVE_WAIT_YIELD=0"  # the defaults before lanes and
 envs[echo-async-poll]="GRPC_POLL_STRATEGY=poll"
 envs[echo-async-spin200]="GRPC_POLL_STRATEGY=poll"  # fusedserve's engine and polling
 envs[echo-async-spin100]="GRPC_POLL_STRATEGY=poll"
+envs[echo-async-spin100-4]="GRPC_POLL_STRATEGY=poll"
 envs[echo-sync-poll]="GRPC_POLL_STRATEGY=poll"
 envs[fusedserve-poll]="GRPC_POLL_STRATEGY=poll"
 envs[fusedserve-epoll1-zc64k]="FUSEDSERVE_ZERO_COPY_BYTES=65536"  # the defaults before the poll engine
@@ -180,6 +189,9 @@ for r in $(seq 1 "$rounds"); do
            /^fusedserve_fused_op_stage_seconds_count\{stage="kernel"\}/ {c = $2}
            END {printf "%.2f\n", (c > 0 ? s / c * 1e6 : 0)}' "$out/$s-c1-metrics.txt" >> "$out/$s-c1-kernel.txt" ;;
     esac
+    # MID clients, each with its own connection and one call at a time: most
+    # polling threads busy, none saturated.
+    [ -n "${MID:-}" ] && lg "$out/$s-cmid.txt" --concurrency="$MID" --connections="$MID" --client_api=sync
     metrics=""
     case $s in fusedserve*) metrics="--metrics=127.0.0.1:$mport" ;; esac
     t0=$(ticks)
@@ -215,6 +227,15 @@ for s in $servers; do
     "$( [ -s "$out/$s-c64-cpu.txt" ] && col "$out/$s-c64-cpu.txt" 1 || echo -) |" \
     "$( [ -s "$out/$s-c64x1.txt" ] && col "$out/$s-c64x1.txt" 3 || echo -) |"
 done
+
+if [ -n "${MID:-}" ]; then
+  echo
+  echo "| server | c=$MID p50 us | c=$MID p99 us | c=$MID req/s |"
+  echo "|---|---|---|---|"
+  for s in $servers; do
+    [ -s "$out/$s-cmid.txt" ] && echo "| $s | $(col "$out/$s-cmid.txt" 4) | $(col "$out/$s-cmid.txt" 6) | $(col "$out/$s-cmid.txt" 3) |"
+  done
+fi
 
 # Issue 18's ratios, paired by round (each fusedserve row against the best
 # echo row of the same round, so that load drifting between rounds cancels):

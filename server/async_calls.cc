@@ -10,23 +10,30 @@
 
 namespace fusedserve {
 
-void PollCompletionQueue(grpc::ServerCompletionQueue* cq, absl::Duration spin) {
+void PollCompletionQueue(grpc::ServerCompletionQueue* cq, absl::Duration spin, SpinSlots* slots) {
   void* tag = nullptr;
   bool ok = false;
   if (spin <= absl::ZeroDuration()) {
     while (cq->Next(&tag, &ok)) static_cast<CqTag*>(tag)->Proceed(ok);
     return;
   }
+  bool holds_slot = slots == nullptr;
   absl::Time spin_until = absl::InfinitePast();
   for (;;) {
+    bool spinning = holds_slot && FastNow() < spin_until;
+    if (!spinning && holds_slot && slots != nullptr) {
+      slots->Release();  // its window is over: another thread may spin
+      holds_slot = false;
+    }
     // A past deadline still polls the queue's connections once, without waiting.
-    const bool spinning = FastNow() < spin_until;
     switch (
         cq->AsyncNext(&tag, &ok, spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_MONOTONIC))) {
       case grpc::CompletionQueue::SHUTDOWN:
+        if (holds_slot && slots != nullptr) slots->Release();
         return;
       case grpc::CompletionQueue::GOT_EVENT:
         static_cast<CqTag*>(tag)->Proceed(ok);
+        if (!holds_slot) holds_slot = slots->TryAcquire();
         spin_until = FastNow() + spin;
         break;
       case grpc::CompletionQueue::TIMEOUT:

@@ -121,6 +121,9 @@ ABSL_FLAG(int, grpc_poll_spin_us, 100,
           "this long, yielding the core between polls, so that a steady client's next request does not find it "
           "asleep (on a VM, a halted vCPU's wake-up costs tens of microseconds); idle queues block. 0: block at "
           "once. See bench/run_grpc_floor.sh");
+ABSL_FLAG(int, grpc_poll_spinners, 4,
+          "--fused_op_api=async: at most this many polling threads spin (--grpc_poll_spin_us) at once; the others "
+          "block after each event, so that under load the pollers do not keep every core busy. 0: no bound");
 ABSL_FLAG(bool, fused_op_answer_on_poller, true,
           "--fused_op_api=async: a FusedOp run by a scheduler worker (queued, or merged into a batch) is answered "
           "(encoded and written) on its call's own polling thread, handed over through the queue, so the answers of "
@@ -451,6 +454,7 @@ absl::StatusOr<ServiceOptions> ServiceOptionsFromFlags(const ValidationLimits& l
   }
   o.answer_on_poller = absl::GetFlag(FLAGS_fused_op_answer_on_poller);
   o.poll_spin = absl::Microseconds(std::max(0, absl::GetFlag(FLAGS_grpc_poll_spin_us)));
+  o.poll_spinners = std::max(0, absl::GetFlag(FLAGS_grpc_poll_spinners));
   o.wire_codec = absl::GetFlag(FLAGS_fused_op_wire_codec);
   o.fused_op_api = api == "sync"    ? ServiceOptions::FusedOpApi::kSync
                    : api == "async" ? ServiceOptions::FusedOpApi::kAsync

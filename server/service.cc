@@ -351,6 +351,7 @@ void FusedServeService::StartAsync(const std::vector<grpc::ServerCompletionQueue
     AsyncGenerateCall::Start(async, cq, &gate_, &generate_handler_);
   }
   if (health != nullptr) health->Start(cqs, &gate_);
+  if (options_.poll_spinners > 0) spin_slots_ = std::make_unique<SpinSlots>(options_.poll_spinners);
   for (int t = 0; t < threads; ++t) {
     grpc::ServerCompletionQueue* cq = cqs[t % n_cqs];
     async_threads_.emplace_back([this, cq] { PollAsync(cq); });
@@ -362,7 +363,7 @@ void FusedServeService::PollAsync(grpc::ServerCompletionQueue* cq) {
   // the polling threads from the scheduler's workers.
   pthread_setname_np(pthread_self(), "fs-cq");
   t_polling_cq = cq;
-  PollCompletionQueue(cq, options_.poll_spin);
+  PollCompletionQueue(cq, options_.poll_spin, spin_slots_.get());
 }
 
 // The async API's unary handlers (FusedOp aside) and Generate's: each as its

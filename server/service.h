@@ -43,6 +43,9 @@ struct ServiceOptions {
   // kAsync: how long a polling thread keeps polling its queue without
   // blocking after each event (PollCompletionQueue).
   absl::Duration poll_spin = absl::ZeroDuration();
+  // kAsync: at most this many polling threads spin at once (SpinSlots); 0:
+  // no bound.
+  int poll_spinners = 0;
   // FusedOp bodies decoded and encoded by server/fused_op_wire.h (protobuf
   // only for what it leaves); false: protobuf messages throughout.
   bool wire_codec = true;
@@ -151,6 +154,7 @@ class FusedServeService final
   // open (StopAsync closes it before it shuts the queues down).
   std::vector<grpc::ServerCompletionQueue*> async_cqs_;
   std::vector<std::thread> async_threads_;
+  std::unique_ptr<SpinSlots> spin_slots_;  // kAsync with poll_spinners > 0
   std::vector<std::unique_ptr<AsyncFusedOpSlot>> async_slots_;
   AsyncUnaryCall::Handler unary_handlers_[AsyncFusedServe::kDetokenize + 1];
   AsyncGenerateCall::Handler generate_handler_;

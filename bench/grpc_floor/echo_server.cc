@@ -11,7 +11,8 @@
 //             --cqs=N shares N queues among the threads instead (round
 //             robin); --spin polls the queue with a zero timeout instead of
 //             sleeping in it; --spin_us=N does so for N us after each
-//             event, then sleeps (fusedserve's --grpc_poll_spin_us).
+//             event, then sleeps (fusedserve's --grpc_poll_spin_us), at
+//             most --spinners threads at once (--grpc_poll_spinners).
 // Channel/server arguments under test: --max_concurrent_streams,
 // --minimal_stack, --quota_threads (a ResourceQuota's thread cap) and
 // --bdp_probe. GetServerInfo answers device "echo-<model>".
@@ -46,6 +47,9 @@ ABSL_FLAG(bool, spin, false, "async: poll the queues with a zero timeout (busy) 
 ABSL_FLAG(int, spin_us, 0,
           "async: after each event keep polling with a zero timeout for this long, yielding between polls, then "
           "block (fusedserve's --grpc_poll_spin_us)");
+ABSL_FLAG(int, spinners, 0,
+          "async with --spin_us: at most this many threads spin at once, the others block after each event "
+          "(fusedserve's --grpc_poll_spinners); 0: no bound");
 ABSL_FLAG(int, max_concurrent_streams, 0, "GRPC_ARG_MAX_CONCURRENT_STREAMS (0: gRPC's default)");
 ABSL_FLAG(bool, minimal_stack, false, "GRPC_ARG_MINIMAL_STACK (no deadline/census filters)");
 ABSL_FLAG(int, quota_threads, 0, "ResourceQuota::SetMaxThreads (0: none)");
@@ -155,18 +159,33 @@ using FusedOpSlot = UnarySlot<FusedOpRequest, FusedOpResponse, &v1::FusedServe::
 using InfoSlot =
     UnarySlot<v1::GetServerInfoRequest, v1::GetServerInfoResponse, &v1::FusedServe::AsyncService::RequestGetServerInfo>;
 
+// Free spin slots (--spinners; unused when 0).
+std::atomic<int> free_spinners{0};
+
 void Poll(grpc::ServerCompletionQueue* cq, bool spin, int spin_us) {
   void* tag = nullptr;
   bool ok = false;
   if (!spin && spin_us > 0) {
+    const bool bounded = absl::GetFlag(FLAGS_spinners) > 0;
+    bool holds = !bounded;
     auto spin_until = std::chrono::steady_clock::time_point::min();
     for (;;) {
-      const bool spinning = std::chrono::steady_clock::now() < spin_until;
+      const bool spinning = holds && std::chrono::steady_clock::now() < spin_until;
+      if (!spinning && holds && bounded) {
+        free_spinners.fetch_add(1);
+        holds = false;
+      }
       const auto r =
           cq->AsyncNext(&tag, &ok, spinning ? gpr_time_0(GPR_CLOCK_MONOTONIC) : gpr_inf_future(GPR_CLOCK_MONOTONIC));
       if (r == grpc::CompletionQueue::SHUTDOWN) return;
       if (r == grpc::CompletionQueue::GOT_EVENT) {
         static_cast<AsyncCall*>(tag)->Proceed(ok);
+        if (!holds) {
+          int free = free_spinners.load();
+          while (free > 0 && !free_spinners.compare_exchange_weak(free, free - 1)) {
+          }
+          holds = free > 0;
+        }
         spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
       } else {
         sched_yield();
@@ -189,6 +208,7 @@ int Main() {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (absl::GetFlag(FLAGS_health)) grpc::EnableDefaultHealthCheckService(true);
+  free_spinners = absl::GetFlag(FLAGS_spinners);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);

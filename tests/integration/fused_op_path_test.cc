@@ -188,6 +188,11 @@ void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
 TEST(FusedOpPath, ConcurrentCallsStillBatch) { ConcurrentCallsStillBatch({}); }
 TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheSyncApi) { ConcurrentCallsStillBatch({"--fused_op_api=sync"}); }
 TEST(FusedOpPath, ConcurrentCallsStillBatchOnTheCallbackApi) { ConcurrentCallsStillBatch({"--fused_op_api=callback"}); }
+// Four polling threads of which one may spin at a time: the others block
+// after each event and still serve their calls.
+TEST(FusedOpPath, ConcurrentCallsStillBatchWithOneSpinner) {
+  ConcurrentCallsStillBatch({"--grpc_pollers=4", "--grpc_poll_spinners=1"});
+}
 // Four polling threads sharing one completion queue (--grpc_cqs): a call's
 // events may then come on different threads.
 TEST(FusedOpPath, ConcurrentCallsStillBatchOnASharedQueue) {

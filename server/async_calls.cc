@@ -20,7 +20,7 @@ void PollCompletionQueue(grpc::ServerCompletionQueue* cq, absl::Duration spin, S
   bool holds_slot = slots == nullptr;
   absl::Time spin_until = absl::InfinitePast();
   for (;;) {
-    bool spinning = holds_slot && FastNow() < spin_until;
+    const bool spinning = holds_slot && FastNow() < spin_until;
     if (!spinning && holds_slot && slots != nullptr) {
       slots->Release();  // its window is over: another thread may spin
       holds_slot = false;

@@ -7,7 +7,8 @@
 # Usage: run_grpc_ab.sh BINDIR [SECONDS] [RUNS] [fusedserve flags...]
 #   BINDIR holds fusedserve, fusedserve_grpc_floor_server and
 #   fusedserve_grpc_ab, or BINDIR/bench the last two (a build folder, e.g.
-#   build), or a bundle's bin folder (its ../env.sh is then used). CHUNK / SKIP (env): the client's --chunk / --skip.
+#   build), or a bundle's bin folder (its ../env.sh is then used).
+#   CHUNK / SKIP (env): the client's --chunk / --skip.
 set -uo pipefail
 bin=$1
 secs=${2:-10}

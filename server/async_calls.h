@@ -26,6 +26,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/model_rpc.h"
+#include "server/spin_slots.h"
 
 namespace fusedserve {
 
@@ -52,27 +53,6 @@ class CallTag final : public CqTag {
   const Event event_;
 };
 
-// How many polling threads may spin at once (PollCompletionQueue). Under
-// load every queue has events, and with no bound every polling thread keeps
-// its core busy between them: CPU that a client on the same host and the
-// scheduler's workers want. A few spinning threads keep a steady client's
-// latency; the rest block, and under load their next event is near anyway.
-class SpinSlots {
- public:
-  explicit SpinSlots(int slots) : free_(slots) {}
-  bool TryAcquire() {
-    int free = free_.load(std::memory_order_relaxed);
-    while (free > 0) {
-      if (free_.compare_exchange_weak(free, free - 1, std::memory_order_acquire)) return true;
-    }
-    return false;
-  }
-  void Release() { free_.fetch_add(1, std::memory_order_release); }
-
- private:
-  std::atomic<int> free_;
-};
-
 // Polls `cq` until it is shut down and drained, running each tag. After
 // each event the thread keeps polling without blocking for `spin` (0: it
 // blocks at once), yielding the core between polls: a thread that blocks
@@ -80,8 +60,8 @@ class SpinSlots {
 // wake-up on the next request costs tens of microseconds (2-core machine,
 // c=1: the same server 129-134 us p50 with its cores free to halt, 88-90
 // with idle-priority spinners keeping them awake). Idle queues still block.
-// With `slots`, a thread spins only while it holds one of them (nullptr: no
-// bound).
+// With `slots` (SpinSlots), a thread spins only while it holds one of them
+// (nullptr: no bound).
 void PollCompletionQueue(grpc::ServerCompletionQueue* cq, absl::Duration spin = absl::ZeroDuration(),
                          SpinSlots* slots = nullptr);
 

@@ -37,6 +37,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "server/spin_slots.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50300", "HOST:PORT");
 ABSL_FLAG(std::string, model, "async", "sync, callback or async");
@@ -159,20 +160,17 @@ using FusedOpSlot = UnarySlot<FusedOpRequest, FusedOpResponse, &v1::FusedServe::
 using InfoSlot =
     UnarySlot<v1::GetServerInfoRequest, v1::GetServerInfoResponse, &v1::FusedServe::AsyncService::RequestGetServerInfo>;
 
-// Free spin slots (--spinners; unused when 0).
-std::atomic<int> free_spinners{0};
-
-void Poll(grpc::ServerCompletionQueue* cq, bool spin, int spin_us) {
+// `slots`: --spinners (nullptr: no bound).
+void Poll(grpc::ServerCompletionQueue* cq, bool spin, int spin_us, fusedserve::SpinSlots* slots) {
   void* tag = nullptr;
   bool ok = false;
   if (!spin && spin_us > 0) {
-    const bool bounded = absl::GetFlag(FLAGS_spinners) > 0;
-    bool holds = !bounded;
+    bool holds = slots == nullptr;
     auto spin_until = std::chrono::steady_clock::time_point::min();
     for (;;) {
       const bool spinning = holds && std::chrono::steady_clock::now() < spin_until;
-      if (!spinning && holds && bounded) {
-        free_spinners.fetch_add(1);
+      if (!spinning && holds && slots != nullptr) {
+        slots->Release();
         holds = false;
       }
       const auto r =
@@ -180,12 +178,7 @@ void Poll(grpc::ServerCompletionQueue* cq, bool spin, int spin_us) {
       if (r == grpc::CompletionQueue::SHUTDOWN) return;
       if (r == grpc::CompletionQueue::GOT_EVENT) {
         static_cast<AsyncCall*>(tag)->Proceed(ok);
-        if (!holds) {
-          int free = free_spinners.load();
-          while (free > 0 && !free_spinners.compare_exchange_weak(free, free - 1)) {
-          }
-          holds = free > 0;
-        }
+        if (!holds) holds = slots->TryAcquire();
         spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
       } else {
         sched_yield();
@@ -208,7 +201,6 @@ int Main() {
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (absl::GetFlag(FLAGS_health)) grpc::EnableDefaultHealthCheckService(true);
-  free_spinners = absl::GetFlag(FLAGS_spinners);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
@@ -252,6 +244,9 @@ int Main() {
   }
   std::fprintf(stderr, "echo server (%s, %d threads) on port %d\n", model.c_str(), threads, port);
   std::vector<std::unique_ptr<AsyncCall>> slots;
+  std::unique_ptr<fusedserve::SpinSlots> spin_slots;
+  if (absl::GetFlag(FLAGS_spinners) > 0)
+    spin_slots = std::make_unique<fusedserve::SpinSlots>(absl::GetFlag(FLAGS_spinners));
   std::vector<std::thread> pollers;
   for (size_t q = 0; q < cqs.size(); ++q) {
     const int cq_threads =
@@ -262,7 +257,8 @@ int Main() {
     slots.push_back(std::make_unique<InfoSlot>(&async_service, cqs[q].get()));
   }
   for (int t = 0; t < (cqs.empty() ? 0 : threads); ++t) {
-    pollers.emplace_back(Poll, cqs[t % cqs.size()].get(), absl::GetFlag(FLAGS_spin), absl::GetFlag(FLAGS_spin_us));
+    pollers.emplace_back(Poll, cqs[t % cqs.size()].get(), absl::GetFlag(FLAGS_spin), absl::GetFlag(FLAGS_spin_us),
+                         spin_slots.get());
   }
   // Runs until killed (a benchmark fixture; no drain).
   server->Wait();

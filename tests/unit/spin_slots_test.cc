@@ -1,11 +1,12 @@
 // SpinSlots: at most N holders at once, under contention too, and a
 // released slot is free again.
+#include "server/spin_slots.h"
+
 #include <atomic>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/async_calls.h"
 
 namespace fusedserve {
 namespace {

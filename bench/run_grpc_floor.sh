@@ -191,7 +191,10 @@ for r in $(seq 1 "$rounds"); do
     esac
     # MID clients, each with its own connection and one call at a time: most
     # polling threads busy, none saturated.
-    [ -n "${MID:-}" ] && lg "$out/$s-cmid.txt" --concurrency="$MID" --connections="$MID" --client_api=sync
+    if [ -n "${MID:-}" ]; then
+      lg "$out/$s-cmid.txt" --concurrency="$MID" --connections="$MID" --client_api=sync
+      case $s in fusedserve*) curl -s "127.0.0.1:$mport/metrics" > "$out/$s-cmid-metrics.txt" ;; esac
+    fi
     metrics=""
     case $s in fusedserve*) metrics="--metrics=127.0.0.1:$mport" ;; esac
     t0=$(ticks)
@@ -269,7 +272,8 @@ if [ -n "$echos" ]; then
 fi
 
 # Where a FusedOp spends its time (last round; fusedserve_fused_op_stage_seconds):
-# at c=1, and at c=64 (the difference of the scrapes after c=1 and after c=64).
+# at c=1, at c=MID when MID is set, and at c=64 (each the difference of its
+# scrape and the one before).
 stages() {
   awk '/^fusedserve_fused_op_stage_seconds_(sum|count)/ {
          match($0, /stage="[a-z0-9]+"/); st = substr($0, RSTART + 7, RLENGTH - 8)
@@ -278,20 +282,31 @@ stages() {
          print "request", ($1 ~ /_sum/ ? "sum" : "cnt"), $2 }' "$1"
 }
 for s in $servers; do
-  m1="$out/$s-c1-metrics.txt"
-  m2="$out/$s-c64-metrics.txt"
-  grep -q fused_op_stage_seconds_sum "$m1" 2>/dev/null || continue
+  scrapes=("$out/$s-c1-metrics.txt")
+  header="c=1"
+  if [ -s "$out/$s-cmid-metrics.txt" ]; then
+    scrapes+=("$out/$s-cmid-metrics.txt")
+    header="$header | c=$MID"
+  fi
+  scrapes+=("$out/$s-c64-metrics.txt")
+  header="$header | c=64"
+  grep -q fused_op_stage_seconds_sum "${scrapes[0]}" 2>/dev/null || continue
   echo
-  echo "$s, mean per stage (us): c=1 | c=64"
-  { stages "$m1" | sed 's/^/a /'; [ -s "$m2" ] && stages "$m2" | sed 's/^/b /'; } |
-    awk '{ v[$1, $2, $3] = $4 }
+  echo "$s, mean per stage (us): $header"
+  # Scrape k's lines as "k stage sum|cnt value"; each column is scrape k less k-1.
+  for k in "${!scrapes[@]}"; do [ -s "${scrapes[$k]}" ] && stages "${scrapes[$k]}" | sed "s/^/$k /"; done |
+    awk -v cols="${#scrapes[@]}" '{ v[$1, $2, $3] = $4 }
          END { n = split("receive decode queue h2d kernel d2h encode send request", order, " ")
                for (i = 1; i <= n; i++) {
-                 st = order[i]; ca = v["a", st, "cnt"]; cb = v["b", st, "cnt"] - ca
-                 if (ca <= 0) continue
-                 a = v["a", st, "sum"] / ca * 1e6
-                 b = cb > 0 ? sprintf("%8.2f", (v["b", st, "sum"] - v["a", st, "sum"]) / cb * 1e6) : "       -"
-                 printf "  %-8s %8.2f | %s%s\n", st, a, b, st == "request" ? "  (server time, send excluded)" : "" } }'
+                 st = order[i]
+                 if (v[0, st, "cnt"] <= 0) continue
+                 line = sprintf("  %-8s", st)
+                 for (k = 0; k < cols; k++) {
+                   c = v[k, st, "cnt"] - (k > 0 ? v[k - 1, st, "cnt"] : 0)
+                   m = c > 0 ? sprintf("%8.2f", (v[k, st, "sum"] - (k > 0 ? v[k - 1, st, "sum"] : 0)) / c * 1e6) : "       -"
+                   line = line (k > 0 ? " | " : " ") m
+                 }
+                 printf "%s%s\n", line, st == "request" ? "  (server time, send excluded)" : "" } }'
 done
 
 # Server CPU at c=64 by thread name (last round), us per request.

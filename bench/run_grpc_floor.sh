@@ -192,7 +192,9 @@ for r in $(seq 1 "$rounds"); do
     # MID clients, each with its own connection and one call at a time: most
     # polling threads busy, none saturated.
     if [ -n "${MID:-}" ]; then
+      thread_ticks > "$out/$s-mid-threads0.txt"
       lg "$out/$s-cmid.txt" --concurrency="$MID" --connections="$MID" --client_api=sync
+      thread_ticks > "$out/$s-mid-threads1.txt"
       case $s in fusedserve*) curl -s "127.0.0.1:$mport/metrics" > "$out/$s-cmid-metrics.txt" ;; esac
     fi
     metrics=""
@@ -319,4 +321,19 @@ for s in $servers; do
        { d[$2] += $3 - ($1 in t0 ? t0[$1] : 0); k[$2]++ }
        END { for (x in d) if (d[x] > 0 && n > 0) printf "  %-16s %3d threads %8.1f\n", x, k[x], d[x] / hz * 1e6 / n }' \
     "$out/$s-threads0.txt" "$out/$s-threads1.txt" | sort -k4 -g -r
+done
+
+# How the c=MID load spreads over the server's threads (last round): each
+# thread's busy share of the phase (warm-up included), highest first, by name.
+# Connections land on completion queues unevenly (gRPC assigns each to a
+# queue's poller at accept); two on one poller wait for each other.
+for s in $servers; do
+  [ -s "$out/$s-mid-threads1.txt" ] || continue
+  echo
+  echo "$s, c=$MID busy % per thread (last round, threads above 2%):"
+  awk -v wall="$(awk -v a="$secs" -v b="${WARMUP:-1}" 'BEGIN{print a + b}')" -v hz="$(getconf CLK_TCK)" \
+    'FNR == NR { t0[$1] = $3; next }
+     { p = ($3 - ($1 in t0 ? t0[$1] : 0)) / hz / wall * 100; if (p > 2) print $2, int(p + 0.5) }' \
+    "$out/$s-mid-threads0.txt" "$out/$s-mid-threads1.txt" | sort -k1,1 -k2,2nr |
+    awk '{ l[$1] = l[$1] " " $2 } END { for (n in l) printf "  %-16s%s\n", n, l[n] }'
 done

@@ -9,9 +9,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,16 +54,16 @@ std::string ScrapeUntil(const ServerProcess& server, const std::function<bool(co
   return testing::ScrapeUntil(server.metrics_port(), pred);
 }
 
-// One rms_norm call checked against the CPU reference; every call shares
-// one weight (so that concurrent calls may merge).
-void CallAndCheck(const ServerProcess& server, uint64_t seed, int64_t rows = 2, int64_t hidden = 64) {
+// An rms_norm request; every one shares one weight (so that concurrent calls
+// may merge).
+OpRequest RmsNormRequest(uint64_t seed, int64_t rows, int64_t hidden) {
   OpRequest r = MakeRandomRequest("rms_norm", DType::kF32, {rows, hidden}, seed);
   r.inputs["weight"] = MakeRandomRequest("rms_norm", DType::kF32, {1, hidden}, 1).inputs["weight"];
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::FusedOpResponse resp;
-  const grpc::Status st = server.stub()->FusedOp(&ctx, OpRequestToProto(r), &resp);
-  ASSERT_TRUE(st.ok()) << st.error_message();
+  return r;
+}
+
+// The answer to `r` against the CPU reference.
+void ExpectMatchesCpu(const OpRequest& r, const v1::FusedOpResponse& resp) {
   absl::StatusOr<TensorMap> want = MakeCpuBackend()->Run(r);
   ASSERT_TRUE(want.ok());
   absl::StatusOr<HostTensor> got = TensorFromProto(resp.outputs().at("y"), "y", {});
@@ -70,6 +72,41 @@ void CallAndCheck(const ServerProcess& server, uint64_t seed, int64_t rows = 2, 
   ASSERT_EQ(g.size(), w.size());
   for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-5 * (1 + std::abs(w[i]))) << i;
 }
+
+// One rms_norm call checked against the CPU reference.
+void CallAndCheck(const ServerProcess& server, uint64_t seed, int64_t rows = 2, int64_t hidden = 64) {
+  const OpRequest r = RmsNormRequest(seed, rows, hidden);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::FusedOpResponse resp;
+  const grpc::Status st = server.stub()->FusedOp(&ctx, OpRequestToProto(r), &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ExpectMatchesCpu(r, resp);
+}
+
+// Lets `n` threads go on together, round after round.
+class RoundBarrier {
+ public:
+  explicit RoundBarrier(int n) : n_(n) {}
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int round = round_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++round_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return round_ != round; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int n_;
+  int waiting_ = 0;
+  int round_ = 0;
+};
 
 void SequentialCallsRunInlineAndStampEveryStage(const std::vector<std::string>& flags) {
   std::unique_ptr<ServerProcess> server = ServerProcess::Start(flags);
@@ -165,15 +202,36 @@ void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
   flags.insert(flags.end(), extra.begin(), extra.end());
   std::unique_ptr<ServerProcess> server = ServerProcess::Start(flags);
   ASSERT_NE(server, nullptr);
+  // Each round the callers start together, their requests built before and
+  // their answers checked after, so that they meet however fast the backend
+  // is: on a GPU the op takes microseconds, and callers that built and
+  // checked between calls seldom overlapped (no merge at all in one H200 run).
   constexpr int kThreads = 8, kEach = 10;
+  std::vector<OpRequest> calls;
+  // Rows of 32768: long enough on the CPU backend for callers to meet.
+  for (int i = 0; i < kThreads * kEach; ++i) calls.push_back(RmsNormRequest(1000 + i, 1 + (i / kEach) % 3, 32768));
+  std::vector<v1::FusedOpResponse> answers(calls.size());
+  std::vector<grpc::Status> statuses(calls.size());
+  RoundBarrier barrier(kThreads);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      // Rows of 32768: long enough on the CPU backend for callers to meet.
-      for (int i = 0; i < kEach; ++i) CallAndCheck(*server, 1000 + t * kEach + i, 1 + (t % 3), 32768);
+      std::vector<v1::FusedOpRequest> protos;
+      for (int i = 0; i < kEach; ++i) protos.push_back(OpRequestToProto(calls[t * kEach + i]));
+      for (int i = 0; i < kEach; ++i) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+        barrier.Wait();
+        statuses[t * kEach + i] = server->stub()->FusedOp(&ctx, protos[i], &answers[t * kEach + i]);
+      }
     });
   }
   for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+    ExpectMatchesCpu(calls[i], answers[i]);
+  }
   const std::string m = ScrapeUntil(*server, [](const std::string& s) {
     return StageCount(s, "send") >= kThreads * kEach && StageCount(s, "decode") >= kThreads * kEach &&
            Sample(s, "fusedserve_batch_size_sum{op=\"rms_norm\"}") >= kThreads * kEach;

@@ -331,9 +331,9 @@ for s in $servers; do
   [ -s "$out/$s-mid-threads1.txt" ] || continue
   echo
   echo "$s, c=$MID busy % per thread (last round, threads above 2%):"
-  awk -v wall="$(awk -v a="$secs" -v b="${WARMUP:-1}" 'BEGIN{print a + b}')" -v hz="$(getconf CLK_TCK)" \
+  awk -v secs="$secs" -v warmup="${WARMUP:-1}" -v hz="$(getconf CLK_TCK)" \
     'FNR == NR { t0[$1] = $3; next }
-     { p = ($3 - ($1 in t0 ? t0[$1] : 0)) / hz / wall * 100; if (p > 2) print $2, int(p + 0.5) }' \
+     { p = ($3 - ($1 in t0 ? t0[$1] : 0)) / hz / (secs + warmup) * 100; if (p > 2) print $2, int(p + 0.5) }' \
     "$out/$s-mid-threads0.txt" "$out/$s-mid-threads1.txt" | sort -k1,1 -k2,2nr |
     awk '{ l[$1] = l[$1] " " $2 } END { for (n in l) printf "  %-16s%s\n", n, l[n] }'
 done

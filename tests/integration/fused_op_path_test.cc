@@ -73,13 +73,18 @@ void ExpectMatchesCpu(const OpRequest& r, const v1::FusedOpResponse& resp) {
   for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-5 * (1 + std::abs(w[i]))) << i;
 }
 
+// One FusedOp call with a 30 s deadline.
+grpc::Status CallFusedOp(const ServerProcess& server, const v1::FusedOpRequest& req, v1::FusedOpResponse* resp) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  return server.stub()->FusedOp(&ctx, req, resp);
+}
+
 // One rms_norm call checked against the CPU reference.
 void CallAndCheck(const ServerProcess& server, uint64_t seed, int64_t rows = 2, int64_t hidden = 64) {
   const OpRequest r = RmsNormRequest(seed, rows, hidden);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::FusedOpResponse resp;
-  const grpc::Status st = server.stub()->FusedOp(&ctx, OpRequestToProto(r), &resp);
+  const grpc::Status st = CallFusedOp(server, OpRequestToProto(r), &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   ExpectMatchesCpu(r, resp);
 }
@@ -219,10 +224,8 @@ void ConcurrentCallsStillBatch(const std::vector<std::string>& extra) {
       std::vector<v1::FusedOpRequest> protos;
       for (int i = 0; i < kEach; ++i) protos.push_back(OpRequestToProto(calls[t * kEach + i]));
       for (int i = 0; i < kEach; ++i) {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
         barrier.Wait();
-        statuses[t * kEach + i] = server->stub()->FusedOp(&ctx, protos[i], &answers[t * kEach + i]);
+        statuses[t * kEach + i] = CallFusedOp(*server, protos[i], &answers[t * kEach + i]);
       }
     });
   }
